@@ -1,0 +1,33 @@
+"""policyhook: gate every context-compaction call with policies over the provenance of its input.
+
+A summary of a summary re-judges detail with the evidence gone. policyhook decides, before each
+summarize call, whether the region about to be summarized can still be re-derived from live
+sources, and refuses loudly (`UnsafeRecompactionError`) when it cannot.
+"""
+
+from policyhook.decisionlog import DecisionLog
+from policyhook.errors import PolicyError, PolicyIssue, UnsafeRecompactionError
+from policyhook.hook import Guard, Request, request
+from policyhook.policy import Decision, PolicySet, load, load_default
+from policyhook.provenance import Ledger, Region, Source
+from policyhook.stores import MemoryStore, SQLiteStore, Store
+
+__all__ = [
+    "Decision",
+    "DecisionLog",
+    "Guard",
+    "Ledger",
+    "MemoryStore",
+    "PolicyError",
+    "PolicyIssue",
+    "PolicySet",
+    "Region",
+    "Request",
+    "SQLiteStore",
+    "Source",
+    "Store",
+    "UnsafeRecompactionError",
+    "load",
+    "load_default",
+    "request",
+]

@@ -1,0 +1,84 @@
+"""The decision log: one JSON line per decision, to audit and to replay under new policies.
+
+Record format, version 1 (`"v": 1`): decision_id, time (RFC 3339, UTC), revision, decision
+(allow | deny | would_deny), mode, policy, rule, message, trace_id and span_id (hex, empty when
+no span was recording), and the activation without any text. Lines are written whole under a
+lock, so many threads can share one log.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+from policyhook.policy import Decision
+
+FORMAT_VERSION = 1
+
+
+def record(
+    decision: Decision, activation: Mapping[str, Any], trace_id: str = "", span_id: str = ""
+) -> dict[str, Any]:
+    """The log record of one decision."""
+    return {
+        "v": FORMAT_VERSION,
+        "decision_id": decision.decision_id,
+        "time": datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z"),
+        "revision": decision.revision,
+        "decision": decision.effect,
+        "mode": decision.mode,
+        "policy": decision.policy,
+        "rule": decision.rule,
+        "message": decision.message,
+        "trace_id": trace_id,
+        "span_id": span_id,
+        "activation": activation,
+    }
+
+
+class DecisionLog:
+    """Appends decision records to a JSONL file (line-buffered, one write per record)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._file: IO[str] = self.path.open("a", encoding="utf-8", buffering=1)
+
+    def write(
+        self,
+        decision: Decision,
+        activation: Mapping[str, Any],
+        trace_id: str = "",
+        span_id: str = "",
+    ) -> None:
+        line = json.dumps(record(decision, activation, trace_id, span_id), separators=(",", ":"))
+        with self._lock:
+            self._file.write(line + "\n")
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+def read(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, record) for every record of a log; a bad line raises naming its number."""
+    with Path(path).open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not a JSON record: {exc.msg}") from None
+            if not isinstance(entry, dict) or not isinstance(entry.get("activation"), dict):
+                raise ValueError(f"{path}:{number}: not a decision record (no activation)")
+            if entry.get("v") != FORMAT_VERSION:
+                raise ValueError(
+                    f"{path}:{number}: record format v={entry.get('v')!r}, "
+                    f"this version reads v={FORMAT_VERSION}"
+                )
+            yield number, entry
