@@ -15,7 +15,7 @@ import functools
 import inspect
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
@@ -37,6 +37,8 @@ from policyhook.telemetry import Telemetry
 _logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: Called with every decision and its activation (see `policyhook.testing.capture_decisions`).
+DecisionListener = Callable[[Decision, Mapping[str, Any]], None]
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,7 @@ class Guard:
         if isinstance(decision_log, str | Path):
             decision_log = DecisionLog(decision_log)
         self.decision_log = decision_log
+        self._listeners: tuple[DecisionListener, ...] = ()
         self.watcher: PolicyWatcher | None = None
         if isinstance(policies, str | Path):
             self.watcher = PolicyWatcher(
@@ -203,6 +206,13 @@ class Guard:
             self.watcher.stop()
         if self.decision_log is not None:
             self.decision_log.close()
+
+    def add_listener(self, listener: DecisionListener) -> None:
+        """Call `listener(decision, activation)` after every decision; its errors are logged."""
+        self._listeners = (*self._listeners, listener)
+
+    def remove_listener(self, listener: DecisionListener) -> None:
+        self._listeners = tuple(x for x in self._listeners if x is not listener)
 
     def record_source(self, text: str, kind: str, source_id: str | None = None) -> Source:
         """Register original evidence (config read, tool output, user turn) before it is evicted."""
@@ -334,6 +344,7 @@ class Guard:
                 span, decision, activation, time.perf_counter() - started, content
             )
             self._log(decision, activation, span)
+            self._notify(decision, activation)
             if decision.effect == "deny":
                 refusal = UnsafeRecompactionError(decision)
                 self.telemetry.refused(span, refusal)
@@ -347,6 +358,13 @@ class Guard:
                     UnsafeRecompactionError(decision),
                 )
             yield _Call(self, spec, req.window, resolution, decision, span)
+
+    def _notify(self, decision: Decision, activation: Mapping[str, Any]) -> None:
+        for listener in self._listeners:
+            try:
+                listener(decision, activation)
+            except Exception:
+                _logger.warning("policyhook: decision listener %r failed", listener, exc_info=True)
 
     def _live(self, region: Region) -> frozenset[str]:
         """Sources the store holds now; an unreachable store holds none (fail closed)."""

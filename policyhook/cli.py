@@ -1,0 +1,83 @@
+"""The `policyhook` command line.
+
+Exit codes (every command): 0 success; 1 the policies or test cases found a problem (a load
+error, a failed test, a changed decision with --fail-on-change); 2 bad usage or unreadable input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from policyhook.demo import run
+
+    telemetry = None
+    if args.otlp:
+        from policyhook.otel import configure
+
+        telemetry = configure(service_name="policyhook-demo")
+    try:
+        run(sys.stdout)
+    finally:
+        if telemetry is not None:
+            telemetry.shutdown()
+    return EXIT_OK
+
+
+def _claude_precompact(args: argparse.Namespace) -> int:
+    from policyhook.adapters.claude_code import main as precompact
+
+    return precompact(args.rest)
+
+
+def parser() -> argparse.ArgumentParser:
+    from policyhook import authoring
+
+    top = argparse.ArgumentParser(
+        prog="policyhook",
+        description="Gate context-compaction calls with CEL policies over provenance.",
+        epilog="Exit codes: 0 ok, 1 problem found, 2 usage or input error.",
+    )
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = commands.add_parser(
+        "demo", help="run the seed scenario: four compactions, the laundering pass refused"
+    )
+    demo.add_argument(
+        "--otlp",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="export spans and metrics over OTLP (default: when OTEL_EXPORTER_OTLP_ENDPOINT "
+        "is set)",
+    )
+    demo.set_defaults(run=_demo)
+
+    authoring.add_commands(commands)
+
+    claude = commands.add_parser(
+        "claude-precompact",
+        help="Claude Code PreCompact hook: reads the hook JSON on stdin, allows or blocks",
+        add_help=False,
+    )
+    claude.add_argument("rest", nargs=argparse.REMAINDER)
+    claude.set_defaults(run=_claude_precompact)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if getattr(args, "otlp", False) is None:
+        import os
+
+        args.otlp = bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+    code: int = args.run(args)
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""`policyhook demo`: the recompaction failure from the seed, and the guard stopping it.
+
+A config read says the retry ceiling is 7. A deterministic lossy summarizer compacts the window
+four times: pass 2 drops the number, pass 3 confabulates "5". Unguarded, the window ends up
+stating 5 with full confidence. Guarded, the config source is evicted before pass 3, so pass 3
+would re-summarize a claim no store can check any more: it is refused, and so is pass 4, and the
+window keeps its last grounded summary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TextIO
+
+from policyhook.errors import UnsafeRecompactionError
+from policyhook.hook import Guard, request
+from policyhook.testing import capture_decisions
+
+CONFIG = "config/agent.yaml: retry_ceiling: 7  # max retries for flaky tool calls"
+TURNS = (
+    "user: the deploy step keeps timing out, please keep retrying it",
+    "tool(deploy): timeout after 30s (attempt 1)",
+    "user: also make sure the notification goes to #ops",
+    "tool(deploy): timeout after 30s (attempt 2)",
+    "user: what is the status?",
+)
+#: What each pass of the lossy summarizer says about retries.
+CLAIMS = (
+    "retry ceiling is 7 (from config)",
+    "retries are capped",
+    "retries capped at 5",
+    "retries capped at 5; stop after the 5th failure",
+)
+
+
+def lossy_summarizer() -> Callable[[list[str]], str]:
+    """A stand-in LLM: each pass compresses its input and re-judges the retry detail."""
+    claims = iter(CLAIMS)
+
+    def summarize(messages: list[str]) -> str:
+        return f"Summary: deploy keeps timing out; notify #ops; {next(claims)}."
+
+    return summarize
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One compaction pass of the guarded run."""
+
+    number: int
+    depth: int
+    live: int
+    sources: int
+    decision: str
+    rule: str
+    claim: str
+
+
+def run(out: TextIO, guard: Guard | None = None) -> list[Pass]:
+    """Print the unguarded run, then the guarded one; returns the guarded passes."""
+    unguarded = lossy_summarizer()
+    window = [CONFIG, TURNS[0]]
+    out.write("Without policyhook: four automatic compactions of the same window\n")
+    for number in range(1, 5):
+        window = [unguarded(window), TURNS[number]]
+        out.write(f"  pass {number}: {window[0]}\n")
+    out.write("  -> the agent now believes the retry ceiling is 5. The config said 7.\n\n")
+
+    guard = guard or Guard()
+    summarize = guard(lossy_summarizer(), summarizer="demo-lossy")
+    config = guard.record_source(CONFIG, kind="config_read", source_id="cfg-retry-ceiling")
+    for turn in TURNS:
+        guard.record_source(turn, kind="tool_output" if turn.startswith("tool") else "user_turn")
+    out.write("With policyhook (embedded policy 'default'), same summarizer:\n")
+    passes: list[Pass] = []
+    window = [CONFIG, TURNS[0]]
+    for number in range(1, 5):
+        if number == 3:
+            guard.store.evict(config.id)
+            out.write(f"  before pass 3 the store evicts {config.id!r}\n")
+        with (
+            request(trigger="automatic", budget_pressure=0.92, window="demo"),
+            capture_decisions(guard) as seen,
+        ):
+            try:
+                window = [summarize(window), TURNS[number]]
+            except UnsafeRecompactionError as refusal:
+                out.write(f"  pass {number} refused: {refusal.message}\n")
+                window = [*window, TURNS[number]]
+        decision, activation = seen[0]
+        region = activation["region"]
+        passes.append(
+            Pass(
+                number=number,
+                depth=region["depth"],
+                live=len(region["live_sources"]),
+                sources=len(region["sources"]),
+                decision=decision.effect,
+                rule=decision.rule or "-",
+                claim=window[0].rpartition("; ")[2].rstrip("."),
+            )
+        )
+    out.write("\n  pass | depth | live sources | decision | rule         | window says\n")
+    out.write("  -----|-------|--------------|----------|--------------|------------\n")
+    for p in passes:
+        out.write(
+            f"  {p.number:>4} | {p.depth:>5} | {f'{p.live}/{p.sources}':>12} | {p.decision:<8} "
+            f"| {p.rule:<12} | {p.claim}\n"
+        )
+    confabulated = any("5" in message for message in window)
+    out.write(
+        f"\nThe confabulated '5' {'ENTERED' if confabulated else 'never entered'} the guarded "
+        "window; the refusals are UnsafeRecompactionError, with span and metrics for every pass.\n"
+    )
+    return passes
