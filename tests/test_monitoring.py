@@ -636,8 +636,8 @@ EMIT_SCRIPT = textwrap.dedent(r'''
     spec:
       failurePolicy: deny
       matchConditions:
-        - name: summaries
-          expression: region.kind == "summary"
+        - name: only-the-broken-summarizer
+          expression: summarizer.name == "broken"
       rules:
         - name: divides-by-zero
           expression: 1 / (region.depth - region.depth) == 1
@@ -648,10 +648,17 @@ EMIT_SCRIPT = textwrap.dedent(r'''
     def summarize_files(text: str) -> str:
         return "F:" + text[:40]
 
-    files.record_source("a tool output", kind="tool_output", source_id="t-1")
-    f1 = summarize_files("a tool output, once")
+    @files(summarizer="broken")
+    def summarize_broken(text: str) -> str:
+        return "B:" + text[:40]
+
+    evidence = "tool output: the build took 312 seconds on runner 7"
+    files.record_source(evidence, kind="tool_output", source_id="t-1")
+    f1 = summarize_files(evidence)  # all of it recorded evidence: no dead source
+    summarize_files(f1 + " again")  # depth 1: the audit policy would deny, the call goes through
     try:
-        summarize_files(f1 + " again")  # audit would-deny, and the broken rule fails closed
+        summarize_broken(evidence)  # the broken rule errors and fails closed
+        sys.exit("expected the failing rule to refuse the call (failurePolicy: deny)")
     except policyhook.UnsafeRecompactionError:
         pass
     (folder / "broken.yaml").unlink()
