@@ -225,18 +225,18 @@ def _message(rule: Rule, backend: Backend, context: Any) -> str:
 # -- loading ------------------------------------------------------------------------------------
 
 
-class _Located(dict[str, Any]):
+class Located(dict[str, Any]):
     """A YAML mapping that remembers where each key and value stand."""
 
     lines: dict[str, tuple[int, int]]  # key -> (line, column) of its value, 1-based
     start: tuple[int, int]
 
 
-class _LocatingLoader(yaml.SafeLoader):
+class LocatingLoader(yaml.SafeLoader):
     """yaml.SafeLoader that records positions, so errors can name a line."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        mapping = _Located(
+        mapping = Located(
             {str(k): v for k, v in super().construct_mapping(node, deep=True).items()}
         )
         mapping.lines = {}
@@ -258,8 +258,8 @@ class _LocatingLoader(yaml.SafeLoader):
         return mapping
 
 
-_LocatingLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _LocatingLoader.construct_mapping
+LocatingLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, LocatingLoader.construct_mapping
 )
 
 _TOP_KEYS = {"apiVersion", "kind", "metadata", "spec"}
@@ -275,14 +275,17 @@ def is_test_file(path: Path) -> bool:
 
 
 def policy_files(path: str | Path) -> list[Path]:
-    """The policy files under `path` (a file, or a folder searched recursively), sorted."""
+    """The policy files at `path`: the file itself, or a folder's own files (not subfolders).
+
+    A folder is one policy set, as `kubectl apply -f DIR` takes one; subfolders hold other sets.
+    """
     root = Path(path)
     if root.is_file():
         return [root]
     if not root.is_dir():
         raise PolicyError([PolicyIssue(str(root), "no such file or directory", code="io")])
     found = sorted(
-        p for p in root.rglob("*") if p.suffix in (".yaml", ".yml") and not is_test_file(p)
+        p for p in root.iterdir() if p.suffix in (".yaml", ".yml") and not is_test_file(p)
     )
     if not found:
         raise PolicyError([PolicyIssue(str(root), "no policy files (*.yaml) found", code="io")])
@@ -364,7 +367,7 @@ def _compile_file(
     file: str, text: str, backend: Backend, issues: list[PolicyIssue]
 ) -> list[Policy]:
     try:
-        documents = list(yaml.load_all(text, Loader=_LocatingLoader))  # a SafeLoader subclass
+        documents = list(yaml.load_all(text, Loader=LocatingLoader))  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         problem = getattr(exc, "problem", None) or str(exc)
@@ -406,7 +409,7 @@ class _Checker:
         code: str = "schema",
     ) -> None:
         line = column = None
-        if isinstance(node, _Located):
+        if isinstance(node, Located):
             line, column = node.lines.get(key, node.start) if key else node.start
         self.count += 1
         self.issues.append(PolicyIssue(self.file, message, line, column, self.policy, rule, code))
@@ -656,7 +659,7 @@ class _ExpressionCompiler:
     ) -> None:
         """Report an issue at a position inside an expression, with the line and a caret."""
         base_line, base_column = (
-            entry.lines.get(key, entry.start) if isinstance(entry, _Located) else (None, None)
+            entry.lines.get(key, entry.start) if isinstance(entry, Located) else (None, None)
         )
         snippet = None
         if line is not None and column is not None:

@@ -1,0 +1,39 @@
+"""Shared fixtures: every policy test runs under each installed CEL backend."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from policyhook import cel
+from policyhook.policy import PolicySet, compile_sources
+
+
+def _backends() -> list[cel.Backend]:
+    available: Callable[[], list[cel.Backend]] | None = getattr(cel, "available_backends", None)
+    return available() if available is not None else [cel.default_backend()]
+
+
+@pytest.fixture(params=_backends(), ids=lambda b: b.name)
+def backend(request: pytest.FixtureRequest) -> cel.Backend:
+    """A CEL backend; tests using it run once per installed backend."""
+    backend: cel.Backend = request.param
+    return backend
+
+
+@pytest.fixture
+def compile_policy(backend: cel.Backend) -> Callable[..., PolicySet]:
+    """Compile YAML text (one or more documents) with the parametrised backend."""
+
+    def compile_(text: str, name: str = "policy.yaml", **options: object) -> PolicySet:
+        return compile_sources([(name, text)], backend=backend, **options)  # type: ignore[arg-type]
+
+    return compile_
+
+
+@pytest.fixture(autouse=True)
+def no_force_audit(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Tests that expect enforcement must not inherit a shadow-rollout switch from the shell."""
+    monkeypatch.delenv("POLICYHOOK_FORCE_AUDIT", raising=False)
+    yield

@@ -1,0 +1,312 @@
+"""The guard decorator: the seed scenario, sync/async/method wrapping, refusals, fail-closed paths."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import policyhook
+from policyhook import Guard, MemoryStore, UnsafeRecompactionError
+from policyhook.demo import run as run_demo
+from policyhook.testing import capture_decisions
+
+CONFIG = "config read: retry_ceiling = 7 (agent.yaml)"
+AUDIT = """
+apiVersion: policyhook.dev/v1
+kind: CompactionPolicy
+metadata: {name: shadow}
+spec:
+  mode: audit
+  rules:
+    - name: no-resummarize
+      expression: region.depth == 0
+      message: would refuse a summary
+"""
+
+
+def counting(outputs: list[str]) -> tuple[Any, list[Any]]:
+    calls: list[Any] = []
+
+    def summarize(text: Any) -> str:
+        calls.append(text)
+        return outputs[len(calls) - 1]
+
+    return summarize, calls
+
+
+class TestSeedScenario:
+    def test_granted_while_live_refused_once_evicted(self) -> None:
+        """Re-summarizing is granted while the config is live and refused once it is evicted."""
+        guard = Guard()
+        fn, calls = counting(
+            [
+                "S1: retry ceiling is 7 (from config)",
+                "S2: retries are capped",
+                "S3: retries capped at 5",
+            ]
+        )
+        summarize = guard(fn, summarizer="lossy")
+        cfg = guard.record_source(CONFIG, "config_read", "cfg-7")
+        s1 = summarize(CONFIG)
+        s2 = summarize(s1)
+        guard.store.evict(cfg.id)
+        with pytest.raises(UnsafeRecompactionError) as refused:
+            summarize(s2)
+        assert len(calls) == 2  # the confabulating third pass never ran
+        assert refused.value.rule == "live-sources"
+        assert refused.value.policy == "default"
+        assert refused.value.depth == 2
+        assert refused.value.dead_sources == ("cfg-7",)
+        # The window is untouched: s2 is still what the ledger knows, "5" was never recorded.
+        assert guard.check(s2, summarizer="lossy").depth == 2
+        assert guard.check("S3: retries capped at 5", summarizer="lossy").depth == 0
+
+    def test_demo_refuses_the_laundering_passes(self) -> None:
+        """`policyhook demo`: passes 1-2 allowed, 3-4 refused by live-sources, '5' never enters."""
+        out = io.StringIO()
+        rows = run_demo(out)
+        assert [(r.depth, r.decision, r.rule) for r in rows] == [
+            (0, "allow", "-"),
+            (1, "allow", "-"),
+            (2, "deny", "live-sources"),
+            (2, "deny", "live-sources"),
+        ]
+        assert [r.claim for r in rows][-1] == "retries are capped"
+        assert "never entered" in out.getvalue()
+        assert "retries capped at 5" in out.getvalue()  # the unguarded run shows the failure
+
+
+class TestWrapping:
+    def test_async_function(self) -> None:
+        """async def summarizers are awaited inside the guard and their output recorded."""
+        guard = Guard()
+
+        @guard(summarizer="async")
+        async def summarize(text: str) -> str:
+            await asyncio.sleep(0)
+            return "an async summary of the original text"
+
+        guard.record_source(CONFIG, "config_read")
+        out = asyncio.run(summarize(CONFIG))
+        assert asyncio.iscoroutinefunction(summarize)
+        assert guard.check(out, summarizer="async").depth == 1
+
+    def test_async_refusal(self) -> None:
+        """An async summarizer is refused before it is awaited."""
+        guard = Guard()
+        ran = []
+
+        @guard(summarizer="async")
+        async def summarize(text: str) -> str:
+            ran.append(text)
+            return f"summary of: {text[:30]}, as a summary"
+
+        first = asyncio.run(summarize("unregistered original content"))
+        with pytest.raises(UnsafeRecompactionError):
+            asyncio.run(summarize(first))
+        assert len(ran) == 1
+
+    def test_methods_sync_and_async(self) -> None:
+        """Methods are wrapped with `self` skipped when finding the input."""
+        guard = Guard()
+
+        class Compactor:
+            prefix = "method summary:"
+
+            @guard(summarizer="method")
+            def summarize(self, text: str) -> str:
+                return f"{self.prefix} {text[:20]} (compacted)"
+
+            @guard(summarizer="amethod")
+            async def asummarize(self, text: str) -> str:
+                return f"{self.prefix} async {text[:20]} (compacted)"
+
+        guard.record_source(CONFIG, "config_read")
+        c = Compactor()
+        out = c.summarize(CONFIG)
+        assert out.startswith("method summary:")
+        assert guard.check(out, summarizer="m").depth == 1
+        aout = asyncio.run(c.asummarize(text=CONFIG))
+        assert guard.check(aout, summarizer="m").depth == 1
+        assert Compactor.summarize.__name__ == "summarize"
+
+    def test_summarizer_exception_propagates_and_records_nothing(self) -> None:
+        """The summarizer's own exception reaches the caller unchanged; nothing is recorded."""
+        store = MemoryStore()
+        guard = Guard(store=store, archive_originals=True)
+        boom = ValueError("model overloaded")
+
+        @guard(summarizer="flaky")
+        def summarize(text: str) -> str:
+            raise boom
+
+        with pytest.raises(ValueError) as raised:
+            summarize("some original content worth keeping")
+        assert raised.value is boom
+        assert store.summaries("default", 10) == []
+        assert store.sources(10) == []  # archive did not run either
+
+    def test_trigger_and_budget_pressure_reach_the_policy(self) -> None:
+        """policyhook.request() sets trigger/budget pressure/window for calls in its context."""
+        guard = Guard()
+        summarize = guard(
+            lambda t: "a summary, long enough to track", summarizer="s", trigger="manual"
+        )
+        with capture_decisions(guard) as seen:
+            summarize("original text one")
+            with policyhook.request(trigger="automatic", budget_pressure=0.8, window="w1"):
+                summarize("original text two")
+        assert [a["request"]["trigger"] for _, a in seen] == ["manual", "automatic"]
+        assert seen[1][1]["request"]["budget_pressure"] == 0.8
+        assert seen[1][1]["window"]["id"] == "w1"
+
+    @pytest.mark.parametrize(
+        ("fields", "message"),
+        [
+            ({"trigger": "sometimes"}, "trigger"),
+            ({"budget_pressure": 1.5}, "budget_pressure"),
+            ({"attempt": 0}, "attempt"),
+        ],
+    )
+    def test_bad_request_fields_are_rejected(self, fields: dict[str, Any], message: str) -> None:
+        """A bad trigger / budget pressure / attempt fails at once, naming the field."""
+        with pytest.raises(ValueError, match=message), policyhook.request(**fields):
+            pass
+
+    def test_function_without_input_needs_an_extractor(self) -> None:
+        """Guarding a function that takes no argument explains that extractor= is needed."""
+        with pytest.raises(TypeError, match="extractor="):
+            Guard()(lambda: "x")
+
+
+class TestModesAndFailClosed:
+    def test_audit_mode_lets_the_call_through(self, compile_policy: Any) -> None:
+        """In audit mode a would-be refusal is decided as would_deny and the summarizer runs."""
+        guard = Guard(compile_policy(AUDIT))
+        fn, calls = counting(["first summary of the text", "second summary of the text"])
+        summarize = guard(fn, summarizer="s")
+        with capture_decisions(guard) as seen:
+            summarize(summarize("original content here"))
+        assert len(calls) == 2
+        assert [d.effect for d, _ in seen] == ["allow", "would_deny"]
+        assert seen[1][0].mode == "audit"
+
+    def test_force_audit_env_shadows_enforcement(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """POLICYHOOK_FORCE_AUDIT=true turns every enforce policy into audit without file edits."""
+        monkeypatch.setenv("POLICYHOOK_FORCE_AUDIT", "true")
+        guard = Guard()
+        summarize = guard(lambda t: "summary of unregistered content", summarizer="s")
+        out = summarize("unregistered original content")
+        assert summarize(out) == "summary of unregistered content"  # not refused
+        assert guard.check(out, summarizer="s").effect == "would_deny"
+
+    def test_evaluation_error_denies(self, compile_policy: Any) -> None:
+        """A rule that errors at evaluation refuses (fail closed), with the reason."""
+        guard = Guard(
+            compile_policy("""
+apiVersion: policyhook.dev/v1
+kind: CompactionPolicy
+metadata: {name: fragile}
+spec:
+  rules:
+    - name: divides
+      expression: 10 / (region.depth - region.depth) > 1
+""")
+        )
+        with pytest.raises(UnsafeRecompactionError) as refused:
+            guard.check("original text", summarizer="s", enforce=True)
+        assert refused.value.rule == "divides"
+        assert "could not evaluate" in refused.value.message
+        assert "divide by zero" in refused.value.message.lower()
+
+    def test_store_unreachable_fails_closed(self) -> None:
+        """A store that raises makes every source dead: summaries are refused, originals allowed."""
+
+        class Down(MemoryStore):
+            def live(self, source_ids: Any) -> frozenset[str]:
+                raise ConnectionError("store down")
+
+        guard = Guard(store=Down())
+        guard.record_source(CONFIG, "config_read")
+        summarize = guard(lambda t: "summary resting on the config", summarizer="s")
+        out = summarize(CONFIG)  # depth 0: allowed even with the store down
+        with pytest.raises(UnsafeRecompactionError, match="live-sources"):
+            summarize(out)
+
+    def test_archive_originals_keeps_unregistered_content_live(self) -> None:
+        """archive_originals=True stores unrecognised originals, so their summaries stay derivable."""
+        guard = Guard(archive_originals=True)
+        summarize = guard(lambda t: f"summary #{len(t)} of the content so far", summarizer="s")
+        out = summarize("an original transcript no one registered")
+        assert summarize(out).startswith("summary #")  # allowed: sources are live
+
+    def test_error_message_tells_what_and_why(self) -> None:
+        """str(UnsafeRecompactionError) names the region, depth, dead sources, policy and rule."""
+        guard = Guard()
+        summarize = guard(lambda t: "a summary of something unregistered", summarizer="s")
+        out = summarize("something unregistered and original")
+        with pytest.raises(UnsafeRecompactionError) as refused:
+            summarize(out)
+        text = str(refused.value)
+        assert isinstance(refused.value, RuntimeError)
+        for part in (
+            "refused to summarize region",
+            "depth 1",
+            "window:",
+            "'default'",
+            "'live-sources'",
+            refused.value.decision_id,
+        ):
+            assert part in text
+
+
+class TestConcurrency:
+    @pytest.fixture
+    def eager_switching(self) -> Iterator[None]:
+        """Switch threads as often as the interpreter allows, to expose races."""
+        before = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)
+        yield
+        sys.setswitchinterval(before)
+
+    def test_threads_get_their_own_correct_decisions(self, eager_switching: None) -> None:
+        """Eight threads deciding at once each get the decision their own input calls for."""
+        guard = Guard()
+        guard.record_source(CONFIG, "config_read", "cfg")
+        live_summary = guard(lambda t: "summary that rests on the live config", summarizer="s")(
+            CONFIG
+        )
+        dead_summary = guard(lambda t: "summary that rests on nothing stored", summarizer="s")(
+            "unregistered"
+        )
+        wrong: list[str] = []
+
+        def work(n: int) -> None:
+            for i in range(40):
+                value, expected = (live_summary, "allow") if (n + i) % 2 else (dead_summary, "deny")
+                effect = guard.check(value, summarizer="s").effect
+                if effect != expected:
+                    wrong.append(f"{n}/{i}: {effect} != {expected}")
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert wrong == []
+
+
+def test_from_path_loads_the_policy_folder() -> None:
+    """Guard.from_path('policies/') decides with the files in that folder."""
+    guard = Guard.from_path(Path(__file__).parent.parent / "policies", reload_interval=0)
+    try:
+        assert "default" in [p.name for p in guard.policies.policies]
+    finally:
+        guard.close()

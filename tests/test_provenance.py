@@ -1,0 +1,206 @@
+"""The provenance model: depth and sources over chains and merges, and recognition of summaries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from policyhook import Guard, MemoryStore, Region, Source
+from policyhook.provenance import Ledger
+from policyhook.testing import capture_decisions
+
+ALLOW_ALL = """
+apiVersion: policyhook.dev/v1
+kind: CompactionPolicy
+metadata: {name: allow-all}
+spec:
+  rules: [{name: always, expression: "true"}]
+"""
+
+
+@dataclass
+class Message:
+    role: str
+    content: object
+
+
+def passes(n: int) -> list[str]:
+    return [f"summary pass {i}: the retry ceiling was discussed at length ({i})" for i in range(n)]
+
+
+@pytest.fixture
+def guard(compile_policy) -> Guard:  # type: ignore[no-untyped-def]
+    return Guard(compile_policy(ALLOW_ALL))
+
+
+def decide(guard: Guard, value: object) -> dict:  # type: ignore[type-arg]
+    with capture_decisions(guard) as seen:
+        guard.check(value, summarizer="probe")
+    return dict(seen[0][1]["region"])
+
+
+class TestChains:
+    def test_depth_grows_by_one_per_pass_over_six_passes(self, guard: Guard) -> None:
+        """Each pass over the previous output is one deeper: 0, 1, 2, … exactly."""
+        outputs = iter(passes(6))
+        summarize = guard(lambda text: next(outputs), summarizer="s")
+        cfg = guard.record_source("retry_ceiling: 7 read from config", kind="config_read")
+        current = "retry_ceiling: 7 read from config"
+        depths = []
+        for _ in range(6):
+            depths.append(decide(guard, current)["depth"])
+            current = summarize(current)
+        assert depths == [0, 1, 2, 3, 4, 5]
+        final = decide(guard, current)
+        assert final["depth"] == 6
+        assert final["sources"] == [cfg.id]
+        assert final["kind"] == "summary"
+
+    def test_sources_accumulate_across_passes_with_new_turns(self, guard: Guard) -> None:
+        """A chain that takes in a new turn each pass rests on every turn it ever saw."""
+        outputs = iter(passes(5))
+        summarize = guard(lambda messages: next(outputs), summarizer="s")
+        ids = []
+        window: list[str] = []
+        for i in range(5):
+            turn = f"user turn number {i}: please keep retrying the deploy"
+            ids.append(guard.record_source(turn, kind="user_turn").id)
+            window = [*window, turn]
+            window = [summarize(window)]
+        region = decide(guard, window)
+        assert region["depth"] == 5
+        assert region["sources"] == sorted(ids)
+        assert region["source_kinds"] == ["user_turn"]
+
+    def test_merge_takes_max_depth_and_union_of_sources(self, guard: Guard) -> None:
+        """Merging a depth-3 chain with a depth-1 summary and an original gives depth 4, all sources."""
+        a_out, b_out = iter(passes(3)), iter(["branch b summary: notify #ops on failure, always"])
+        sa = guard(lambda t: next(a_out), summarizer="a")
+        sb = guard(lambda t: next(b_out), summarizer="b")
+        src_a = guard.record_source(
+            "config: retry_ceiling 7 for the deploy tool", kind="config_read"
+        )
+        src_b = guard.record_source("tool(notify): channel #ops configured ok", kind="tool_output")
+        src_c = guard.record_source("user: and keep the logs for a week please", kind="user_turn")
+        chain = "config: retry_ceiling 7 for the deploy tool"
+        for _ in range(3):
+            chain = sa(chain)
+        branch = sb("tool(notify): channel #ops configured ok")
+        merged_input = [chain, branch, "user: and keep the logs for a week please"]
+        region = decide(guard, merged_input)
+        assert region["depth"] == 3
+        assert region["sources"] == sorted([src_a.id, src_b.id, src_c.id])
+        merge_out = guard(
+            lambda v: "merged summary of everything so far, all three parts", summarizer="m"
+        )
+        merged = merge_out(merged_input)
+        assert decide(guard, merged)["depth"] == 4
+        assert decide(guard, merged)["sources"] == sorted([src_a.id, src_b.id, src_c.id])
+        assert set(decide(guard, merged)["source_kinds"]) == {
+            "config_read",
+            "tool_output",
+            "user_turn",
+        }
+
+
+class TestRecognition:
+    @pytest.fixture
+    def summary(self, guard: Guard) -> tuple[str, Source]:
+        src = guard.record_source("config read: retry_ceiling = 7", kind="config_read")
+        s = guard(lambda t: "Summary: retry ceiling is 7 (from config).", summarizer="s")
+        return s("config read: retry_ceiling = 7"), src
+
+    def test_exact_output_is_a_summary(self, guard: Guard, summary: tuple[str, Source]) -> None:
+        """The exact text a guarded summarizer returned comes back as a depth-1 summary."""
+        region = decide(guard, summary[0])
+        assert (region["kind"], region["depth"], region["sources"]) == (
+            "summary",
+            1,
+            [summary[1].id],
+        )
+
+    def test_list_element(self, guard: Guard, summary: tuple[str, Source]) -> None:
+        """A prior summary as one string of a list is recognised."""
+        assert decide(guard, ["hello there, new turn", summary[0]])["depth"] == 1
+
+    def test_message_objects_and_dicts(self, guard: Guard, summary: tuple[str, Source]) -> None:
+        """Messages with .content, with a 'content' key, or content blocks are recognised."""
+        assert decide(guard, [Message("assistant", summary[0])])["depth"] == 1
+        assert decide(guard, [{"role": "system", "content": summary[0]}])["depth"] == 1
+        blocks = [{"role": "user", "content": [{"type": "text", "text": summary[0]}]}]
+        assert decide(guard, blocks)["depth"] == 1
+
+    def test_embedded_in_larger_string(self, guard: Guard, summary: tuple[str, Source]) -> None:
+        """'Summary so far:\\n' + summary + new turns is a summary resting on its sources and the new text."""
+        region = decide(guard, "Summary so far:\n" + summary[0] + "\nuser: next question here")
+        assert region["depth"] == 1
+        assert summary[1].id in region["sources"]
+        assert any(s.startswith("window:") for s in region["sources"])  # the unregistered turns
+
+    def test_unrecognised_text_is_original(self, guard: Guard) -> None:
+        """Text no guarded summarizer produced is original content at depth 0."""
+        region = decide(guard, "a brand new transcript nobody has seen")
+        assert (region["kind"], region["depth"]) == ("original", 0)
+        assert region["dead_sources"] == region["sources"]  # no store holds it
+
+    def test_whitespace_around_output_does_not_hide_it(self, guard: Guard) -> None:
+        """Outputs are remembered stripped, so the trailing newline an LLM adds does not matter."""
+        s = guard(lambda t: "  Summary: the deploy keeps failing.\n", summarizer="s")
+        out = s("original text, long enough to matter")
+        assert decide(guard, out.strip())["depth"] == 1
+
+    def test_short_text_matches_only_whole(self, guard: Guard) -> None:
+        """A tiny summary ('OK') is recognised as a whole message, never inside other text."""
+        s = guard(lambda t: "OK", summarizer="s")
+        s("something original to summarize")
+        assert decide(guard, ["OK"])["depth"] == 1
+        assert decide(guard, "OK, so the user said OK twice")["depth"] == 0
+
+    def test_explicit_region_objects(self, guard: Guard) -> None:
+        """Explicit Region objects carry their own depth and sources."""
+        region = Region(id="r1", depth=3, sources=frozenset({"cfg-9"}), chars=10)
+        got = decide(guard, [region, Region.original("fresh text", [Source("t1", "user_turn")])])
+        assert got["depth"] == 3
+        assert got["sources"] == ["cfg-9", "t1"]
+
+    def test_extractor_for_other_signatures(self, guard: Guard) -> None:
+        """extractor= picks the input out of any signature."""
+        seen = []
+
+        @guard(summarizer="s", extractor=lambda state, **kw: state["messages"])
+        def summarize(state: dict, *, model: str) -> str:  # type: ignore[type-arg]
+            seen.append(model)
+            return "Summary of the state messages, long enough."
+
+        out = summarize({"messages": ["hello world, this is a turn"]}, model="m")
+        assert seen == ["m"]
+        assert decide(guard, out)["depth"] == 1
+
+    def test_unreadable_input_is_a_clear_error(self, guard: Guard) -> None:
+        """An input the ledger cannot read raises TypeError naming the type and the way out."""
+        with pytest.raises(TypeError, match=r"got int.*extractor="):
+            guard.check(42, summarizer="s")
+
+
+class TestBoundedMemory:
+    def test_recognition_memory_is_bounded_per_window(self) -> None:
+        """Past max_texts_per_window, the oldest summaries are forgotten by recognition."""
+        ledger = Ledger(MemoryStore(), max_texts_per_window=3)
+        base = Region(id="r", sources=frozenset({"s"}))
+        texts = [f"summary number {i} with enough characters" for i in range(5)]
+        for t in texts:
+            ledger.record_summary(t, base, "w")
+        assert ledger.resolve(texts[0], "w").region.depth == 0  # forgotten
+        assert ledger.resolve(texts[4], "w").region.depth == 1
+        assert ledger.resolve(texts[4], "other-window").region.depth == 0  # windows are separate
+
+    def test_forgotten_window_is_reloaded_from_the_store(self) -> None:
+        """A window evicted from memory is rebuilt from the store on next use."""
+        store = MemoryStore()
+        ledger = Ledger(store, max_windows=1)
+        ledger.record_summary(
+            "summary of window A, long enough", Region(id="r", sources=frozenset({"x"})), "A"
+        )
+        ledger.resolve("anything at all here", "B")  # pushes A out
+        assert ledger.resolve("summary of window A, long enough", "A").region.depth == 1
