@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -373,6 +374,24 @@ def load_dashboard(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def field_links(panel: dict[str, Any]) -> list[dict[str, Any]]:
+    links = list(panel.get("fieldConfig", {}).get("defaults", {}).get("links", []))
+    for override in panel.get("fieldConfig", {}).get("overrides", []):
+        for prop in override["properties"]:
+            if prop["id"] == "links":
+                links += prop["value"]
+    return links
+
+
+def jaeger_queries(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    """Jaeger queries of panels, and of data links that open Explore on Jaeger."""
+    queries = [t for p in panels_of(dashboard) for t in p.get("targets", [])
+               if t.get("datasource", {}).get("type") == "jaeger"]
+    queries += [link["internal"]["query"] for p in panels_of(dashboard)
+                for link in field_links(p) if "internal" in link]
+    return queries
+
+
 class TestGrafanaProvisioning:
     def test_datasources(self, datasources: dict[str, dict[str, Any]],
                          compose: dict[str, Any]) -> None:
@@ -501,6 +520,14 @@ class TestDashboard:
         for variable in dashboard["templating"]["list"]:
             if variable["type"] == "query":
                 assert variable["datasource"]["uid"] in datasources, variable["name"]
+        for panel in panels_of(dashboard):
+            for link in field_links(panel):
+                if "internal" in link:
+                    uid = link["internal"]["datasourceUid"]
+                    assert uid in datasources, f"panel {panel['title']!r}: link to {uid}"
+                    assert datasources[uid]["name"] == link["internal"]["datasourceName"]
+                else:
+                    assert link["url"], f"panel {panel['title']!r}: link without url"
 
     def test_panels_do_not_overlap(self, path: Path) -> None:
         """gridPos of the top-level panels tile the 24-column grid without overlapping."""
@@ -533,10 +560,9 @@ class TestDashboard:
             "sum by (outcome, revision) (increase(policyhook_policy_reloads_total",
         ):
             assert needle in exprs, needle
-        jaeger_queries = [t for p in panels_of(dashboard) for t in p.get("targets", [])
-                          if t.get("datasource", {}).get("type") == "jaeger"]
-        assert any(q.get("queryType") == "search" and "policyhook.decision=deny" in q["tags"]
-                   for q in jaeger_queries), "no Jaeger search for refusals"
+        searches = [q for q in jaeger_queries(dashboard) if q.get("queryType") == "search"]
+        assert any("policyhook.decision=deny" in q["tags"] for q in searches), "no refusal search"
+        assert all(q["service"] in ("$service", "${service}") for q in searches)
         links = json.dumps(dashboard)
         assert "policyhook.decision=deny" in links and "%22policyhook.decision%22" in links
 
@@ -589,15 +615,24 @@ def grafana_schema() -> Path:
 
 EMIT_SCRIPT = textwrap.dedent(r'''
     """Make real decisions through policyhook and print the Prometheus exposition text."""
-    import logging, pathlib, sys, tempfile
+    import json, logging, pathlib, sys, tempfile
 
     from opentelemetry import metrics
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from opentelemetry.sdk.metrics import MeterProvider
     from prometheus_client import CollectorRegistry, generate_latest
 
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
     registry = CollectorRegistry()  # not the process-wide REGISTRY: only what policyhook emits
     metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader(registry=registry)]))
+    spans = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    trace.set_tracer_provider(tracer_provider)
     logging.disable(logging.CRITICAL)
 
     import policyhook
@@ -672,16 +707,20 @@ EMIT_SCRIPT = textwrap.dedent(r'''
     files.close()
 
     sys.stdout.write(generate_latest(registry).decode())
-''')
+    sys.stdout.write(SPANS_MARKER + "\n")
+    json.dump([{"name": span.name, "attributes": dict(span.attributes or {})}
+               for span in spans.get_finished_spans()], sys.stdout)
+''').replace("SPANS_MARKER", repr("# -- spans --"))
+
+
+SPANS_MARKER = "# -- spans --"
 
 
 @pytest.fixture(scope="module")
-def exposition() -> dict[str, dict[str, Any]]:
-    """{Prometheus family name: {'type', 'samples': {sample names}, 'labels': {label names}}}."""
+def emitted() -> tuple[str, list[dict[str, Any]]]:
+    """Real decisions through policyhook: (Prometheus exposition text, finished spans)."""
     pytest.importorskip("opentelemetry.exporter.prometheus")
     pytest.importorskip("opentelemetry.sdk")
-    from prometheus_client.parser import text_string_to_metric_families
-
     if not (ROOT / "policyhook" / "__init__.py").exists():
         pytest.fail("policyhook/ is not there yet: cannot check what the library emits")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -689,8 +728,17 @@ def exposition() -> dict[str, dict[str, Any]]:
     result = subprocess.run([sys.executable, "-c", EMIT_SCRIPT], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+    text, _, spans = result.stdout.partition(SPANS_MARKER + "\n")
+    return text, json.loads(spans)
+
+
+@pytest.fixture(scope="module")
+def exposition(emitted: tuple[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """{Prometheus family name: {'type', 'samples': {sample names}, 'labels': {label names}}}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     families: dict[str, dict[str, Any]] = {}
-    for family in text_string_to_metric_families(result.stdout):
+    for family in text_string_to_metric_families(emitted[0]):
         entry = families.setdefault(family.name, {"type": family.type, "samples": set(),
                                                   "labels": set(), "values": {}})
         for sample in family.samples:
@@ -779,6 +827,33 @@ class TestNoDrift:
             extra = label_names(expr) - allowed
             assert not extra, f"{source} uses labels {sorted(extra)} not on {names}: {expr!r}"
         assert queried, source
+
+    def test_trace_searches_use_real_span_attributes(
+        self, emitted: tuple[str, list[dict[str, Any]]]
+    ) -> None:
+        """Jaeger searches and links of the dashboards name the real span and its attributes."""
+        guard_spans = [s for s in emitted[1] if s["name"] == "policyhook.guard"]
+        assert guard_spans, f"no policyhook.guard span among {[s['name'] for s in emitted[1]]}"
+        attributes = set().union(*(s["attributes"] for s in guard_spans))
+        documented = {"policyhook.decision", "policyhook.mode", "policyhook.policy",
+                      "policyhook.rule", "policyhook.trigger", "policyhook.summarizer",
+                      "policyhook.region.depth", "policyhook.region.sources",
+                      "policyhook.region.live_sources", "policyhook.region.dead_sources",
+                      "policyhook.policy.revision", "policyhook.decision_id"}
+        assert documented <= attributes, f"missing span attributes {documented - attributes}"
+        decisions = {s["attributes"].get("policyhook.decision") for s in guard_spans}
+        assert decisions >= {"allow", "deny", "would_deny"}
+        for path in DASHBOARDS:
+            for query in jaeger_queries(load_dashboard(path)):
+                assert query.get("operation", "policyhook.guard") == "policyhook.guard"
+                for key, value in re.findall(r'([\w.]+)=("[^"]*"|\S+)', query.get("tags", "")):
+                    assert key in attributes, f"Jaeger search on {key}, not a span attribute"
+                    if key == "policyhook.decision":
+                        assert value in decisions, value
+            for tags in re.findall(r"tags=([^&\"]+)", json.dumps(load_dashboard(path))):
+                for key, value in json.loads(urllib.parse.unquote(tags)).items():
+                    assert key in attributes and (key != "policyhook.decision"
+                                                  or value in decisions), (key, value)
 
     def test_latency_alert_threshold_is_a_bucket_boundary(
         self, exposition: dict[str, dict[str, Any]], rules: dict[str, Any]
