@@ -273,7 +273,9 @@ def run_tests(files: list[Path], policies: PolicySet | None = None) -> list[Case
         for line, name, activation, expect in _cases(file):
             decision = policy_set.decide(activation, explain=True)
             actual = {"decision": decision.effect, "policy": decision.policy, "rule": decision.rule}
-            expected = {k: expect[k] for k in ("decision", "policy", "rule") if k in expect}
+            expected: dict[str, Any] = {
+                k: expect[k] for k in ("decision", "policy", "rule") if k in expect
+            }
             target = expect.get("policy")
             reports = {r["policy"]: r for r in decision.explanation}
             if target is not None and target not in reports:

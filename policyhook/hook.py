@@ -221,7 +221,16 @@ class Guard:
     # -- decorating -----------------------------------------------------------------------------
 
     @overload
-    def __call__(self, fn: F) -> F: ...
+    def __call__(
+        self,
+        fn: F,
+        *,
+        summarizer: str | None = None,
+        lossless: bool = False,
+        idempotent: bool = False,
+        trigger: str = "automatic",
+        extractor: Callable[..., Any] | None = None,
+    ) -> F: ...
 
     @overload
     def __call__(

@@ -230,6 +230,23 @@ class Located(dict[str, Any]):
 
     lines: dict[str, tuple[int, int]]  # key -> (line, column) of its value, 1-based
     start: tuple[int, int]
+    # key -> (folded?, [(line, column, length) of each content line]) for block scalars
+    blocks: dict[str, tuple[bool, list[tuple[int, int, int]]]]
+
+    def position(self, key: str, line: int, column: int) -> tuple[int, int]:
+        """The file position of `line`:`column` inside the string value of `key`."""
+        if key in self.blocks:
+            folded, segments = self.blocks[key]
+            if not folded and line <= len(segments):
+                at, col, _ = segments[line - 1]
+                return at, col + column - 1
+            offset = column - 1  # folded: content lines were joined by single spaces
+            for at, col, length in segments:
+                if offset <= length:
+                    return at, col + offset
+                offset -= length + 1
+        base_line, base_column = self.lines.get(key, self.start)
+        return base_line + line - 1, base_column + column - 1 if line == 1 else column
 
 
 class LocatingLoader(yaml.SafeLoader):
@@ -240,6 +257,7 @@ class LocatingLoader(yaml.SafeLoader):
             {str(k): v for k, v in super().construct_mapping(node, deep=True).items()}
         )
         mapping.lines = {}
+        mapping.blocks = {}
         mapping.start = (node.start_mark.line + 1, node.start_mark.column + 1)
         seen: set[Any] = set()
         for key_node, value_node in node.value:
@@ -252,10 +270,22 @@ class LocatingLoader(yaml.SafeLoader):
             line, column = value_node.start_mark.line + 1, value_node.start_mark.column + 1
             if isinstance(value_node, yaml.ScalarNode) and value_node.style in ("|", ">"):
                 line, column = line + 1, 1  # block scalars start on the next line
+                mapping.blocks[str(key)] = (value_node.style == ">", self._block_lines(value_node))
             elif isinstance(value_node, yaml.ScalarNode) and value_node.style in ("'", '"'):
                 column += 1
             mapping.lines[str(key)] = (line, column)
         return mapping
+
+    def _block_lines(self, node: yaml.ScalarNode) -> list[tuple[int, int, int]]:
+        """(line, column, length) of each content line of a block scalar, 1-based."""
+        raw = str(self.buffer).split("\n")
+        segments = []
+        for index in range(node.start_mark.line + 1, min(node.end_mark.line + 1, len(raw))):
+            text = raw[index].rstrip("\0")
+            if text.strip():
+                indent = len(text) - len(text.lstrip(" "))
+                segments.append((index + 1, indent + 1, len(text.strip())))
+        return segments
 
 
 LocatingLoader.add_constructor(
@@ -667,9 +697,8 @@ class _ExpressionCompiler:
             text = lines[min(line, len(lines)) - 1]
             snippet = f"    {text}\n    {' ' * (column - 1)}^"
             message += f" (expression line {line}, column {column})"
-            if base_line is not None:
-                base_column = (base_column or 1) + column - 1 if line == 1 else column
-                base_line += line - 1
+            if isinstance(entry, Located):
+                base_line, base_column = entry.position(key, line, column)
         self.check.count += 1
         self.check.issues.append(
             PolicyIssue(

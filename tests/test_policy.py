@@ -1,0 +1,368 @@
+"""The policy format and engine: every load error with its message, and decision semantics."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from policyhook import PolicyError
+from policyhook.cel import MAX_EXPRESSION_CHARS
+from policyhook.policy import PolicySet, compile_sources, load
+
+Compile = Callable[..., PolicySet]
+
+
+def policy(
+    rules: str,
+    *,
+    name: str = "p",
+    spec: str = "",
+) -> str:
+    return (
+        "apiVersion: policyhook.dev/v1\nkind: CompactionPolicy\n"
+        f"metadata:\n  name: {name}\nspec:\n{spec}  rules:\n{rules}"
+    )
+
+
+RULE_OK = "    - name: ok\n      expression: region.depth < 10\n"
+
+
+def activation(**region: Any) -> dict[str, Any]:
+    base = {
+        "id": "r1",
+        "kind": "summary",
+        "depth": 1,
+        "sources": ["a"],
+        "live_sources": ["a"],
+        "dead_sources": [],
+        "source_kinds": ["config_read"],
+        "tokens": 10,
+        "chars": 40,
+    }
+    return {
+        "region": {**base, **region},
+        "request": {"trigger": "automatic", "budget_pressure": 0.5, "attempt": 1},
+        "window": {"id": "w", "tokens": 0, "budget": 0, "max_depth": 1},
+        "summarizer": {"name": "s", "lossless": False, "idempotent": False},
+    }
+
+
+def load_error(compile_policy: Compile, text: str) -> str:
+    with pytest.raises(PolicyError) as raised:
+        compile_policy(text, name="p.yaml")
+    return str(raised.value)
+
+
+class TestLoadErrors:
+    def test_invalid_yaml_names_file_and_line(self, compile_policy: Compile) -> None:
+        """Broken YAML reports file:line:column and the parser's problem."""
+        text = policy(RULE_OK) + "  bad: [unclosed\n"
+        message = load_error(compile_policy, text)
+        assert message.startswith("p.yaml:10:")
+        assert "invalid YAML" in message
+
+    def test_duplicate_yaml_key(self, compile_policy: Compile) -> None:
+        """A key given twice is an error, not a silent override."""
+        message = load_error(
+            compile_policy, policy(RULE_OK, spec="  mode: audit\n  mode: enforce\n")
+        )
+        assert "duplicate key 'mode'" in message
+
+    def test_bad_cel_names_file_policy_rule_and_position(self, compile_policy: Compile) -> None:
+        """A CEL syntax error names file, line/column in the file, policy, rule and shows a caret."""
+        rules = "    - name: broken\n      expression: region.depth >= \n"
+        message = load_error(compile_policy, policy(rules))
+        assert "p.yaml:8:" in message
+        assert "policy 'p' rule 'broken'" in message
+        assert "expression line 1, column" in message
+        assert "^" in message
+
+    def test_block_scalar_positions_point_into_the_file(self, compile_policy: Compile) -> None:
+        """An error on the second line of a block-scalar expression is located on that file line."""
+        rules = "    - name: multi\n      expression: >-\n        region.depth > 1\n        && regoin.kind == 'x'\n"
+        message = load_error(compile_policy, policy(rules))
+        assert message.startswith("p.yaml:10:12:")  # `regoin` on the block's second line
+        assert "unknown variable 'regoin'; did you mean 'region'?" in message
+
+    def test_unknown_field_with_hint(self, compile_policy: Compile) -> None:
+        """A misspelt field fails at load with the closest declared name."""
+        rules = "    - name: typo\n      expression: size(region.dead_source) == 0\n"
+        message = load_error(compile_policy, policy(rules))
+        assert "region has no field 'dead_source'; did you mean 'dead_sources'?" in message
+
+    def test_undefined_variable(self, compile_policy: Compile) -> None:
+        """variables.x must be defined (before use) in the same policy."""
+        rules = "    - name: v\n      expression: variables.missing\n"
+        spec = "  variables:\n    - name: present\n      expression: 'true'\n"
+        message = load_error(compile_policy, policy(rules, spec=spec))
+        assert "variables.missing is not defined" in message
+
+    def test_variable_used_before_definition(self, compile_policy: Compile) -> None:
+        """A variable may only use variables defined above it."""
+        spec = (
+            "  variables:\n    - name: a\n      expression: variables.b\n"
+            "    - name: b\n      expression: 'true'\n"
+        )
+        assert "variables.b is not defined" in load_error(
+            compile_policy, policy(RULE_OK, spec=spec)
+        )
+
+    @pytest.mark.parametrize(
+        ("expression", "expected"),
+        [
+            (
+                "request.budget_pressure > 0",
+                "cannot compare request.budget_pressure (double) with int (int); CEL does not compare int with double",
+            ),
+            ('region.depth == "2"', "cannot compare region.depth (int) with string (string)"),
+            (
+                "summarizer.lossless == 1",
+                "cannot compare summarizer.lossless (bool) with int (int)",
+            ),
+        ],
+    )
+    def test_incompatible_comparison(
+        self, compile_policy: Compile, expression: str, expected: str
+    ) -> None:
+        """Comparisons the engine can type are checked at load, not at 3 a.m."""
+        rules = f"    - name: cmp\n      expression: '{expression}'\n"
+        assert expected in load_error(compile_policy, policy(rules))
+
+    @pytest.mark.parametrize(
+        ("text", "expected"),
+        [
+            (
+                policy(RULE_OK, spec="  mdoe: audit\n"),
+                "unknown key spec.mdoe (did you mean 'mode'?)",
+            ),
+            (
+                policy(RULE_OK + "      mesage: x\n"),
+                "unknown key spec.rules[0].mesage (did you mean 'message'?)",
+            ),
+            (policy(RULE_OK) + "extra: 1\n", "unknown key document.extra"),
+            (
+                policy(RULE_OK, spec="  mode: enforcing\n"),
+                "spec.mode must be one of enforce, audit, warn",
+            ),
+            (
+                policy(RULE_OK, spec="  failurePolicy: ignore\n"),
+                "spec.failurePolicy must be deny or allow",
+            ),
+            (policy(RULE_OK, name="Bad_Name!"), "metadata.name 'Bad_Name!' must be lowercase"),
+            (
+                policy(RULE_OK).replace("policyhook.dev/v1", "v2"),
+                "apiVersion must be 'policyhook.dev/v1'",
+            ),
+            (
+                policy(RULE_OK).replace("CompactionPolicy", "Policy"),
+                "kind must be 'CompactionPolicy'",
+            ),
+            (policy("    - expression: 'true'\n"), "spec.rules[0].name is required"),
+            (policy("    - name: x\n"), "spec.rules[0].expression is required"),
+            (policy(RULE_OK + RULE_OK), "spec.rules[1].name 'ok' is used twice"),
+            (
+                policy("    []\n").replace("rules:\n    []", "rules: []"),
+                "spec.rules must list at least one rule",
+            ),
+            (
+                policy("    - name: x\n      expression: 42\n"),
+                "spec.rules[0].expression must be a non-empty string",
+            ),
+            (
+                "apiVersion: policyhook.dev/v1\nkind: CompactionPolicy\nmetadata: {}\nspec: {rules: []}\n",
+                "metadata.name is required",
+            ),
+            ("- just a list\n", "document must be a mapping"),
+        ],
+    )
+    def test_schema_errors(self, compile_policy: Compile, text: str, expected: str) -> None:
+        """Each schema violation is an error with a message saying what is wrong (unknown keys too)."""
+        assert expected in load_error(compile_policy, text)
+
+    def test_every_error_is_listed(self, compile_policy: Compile) -> None:
+        """All problems are reported together, sorted by position, not just the first."""
+        rules = (
+            "    - name: a\n      expression: region.nope\n"
+            "    - name: b\n      expression: window.tokenz > 1\n"
+        )
+        message = load_error(compile_policy, policy(rules, spec="  mode: loud\n"))
+        assert message.startswith("3 errors occurred:")
+        assert message.index("spec.mode") < message.index("nope") < message.index("tokenz")
+
+    def test_duplicate_policy_names_across_files(self, backend: Any) -> None:
+        """Policy names are unique across the whole set."""
+        with pytest.raises(PolicyError, match=r"policy name 'p' is already used in a\.yaml"):
+            compile_sources(
+                [("a.yaml", policy(RULE_OK)), ("b.yaml", policy(RULE_OK))], backend=backend
+            )
+
+    def test_expression_size_is_bounded(self, compile_policy: Compile) -> None:
+        """An over-long expression is refused at load."""
+        long = " || ".join(["region.depth == 1"] * 300)
+        assert len(long) > MAX_EXPRESSION_CHARS
+        message = load_error(
+            compile_policy, policy(f"    - name: big\n      expression: '{long}'\n")
+        )
+        assert f"over {MAX_EXPRESSION_CHARS}" in message
+
+    def test_nesting_is_bounded(self, compile_policy: Compile) -> None:
+        """Deeply nested parentheses are refused at load."""
+        deep = "(" * 60 + "true" + ")" * 60
+        message = load_error(
+            compile_policy, policy(f"    - name: deep\n      expression: '{deep}'\n")
+        )
+        assert "nests" in message
+
+    def test_missing_path(self, tmp_path: Path) -> None:
+        """Loading a path that does not exist says so."""
+        with pytest.raises(PolicyError, match="no such file or directory"):
+            load(tmp_path / "nope")
+
+    def test_empty_folder(self, tmp_path: Path) -> None:
+        """A folder without policy files is an error, not an empty (allow-all) set."""
+        with pytest.raises(PolicyError, match=r"no policy files \(\*.yaml\) found"):
+            load(tmp_path)
+
+
+class TestDecisions:
+    def test_multiple_documents_and_deny_overrides(self, compile_policy: Compile) -> None:
+        """Several documents per file; one denying policy overrides any number allowing."""
+        text = (
+            policy(RULE_OK, name="allows")
+            + "\n---\n"
+            + policy(
+                "    - name: shallow\n      expression: region.depth == 0\n      message: too deep\n",
+                name="denies",
+            )
+        )
+        decision = compile_policy(text).decide(activation())
+        assert (decision.effect, decision.policy, decision.rule, decision.message) == (
+            "deny",
+            "denies",
+            "shallow",
+            "too deep",
+        )
+
+    def test_enforced_denial_beats_audit(self, compile_policy: Compile) -> None:
+        """When audit and enforce policies both refuse, the decision is the enforced deny."""
+        deny = "    - name: never\n      expression: 'false'\n"
+        text = (
+            policy(deny, name="a-audit", spec="  mode: audit\n")
+            + "\n---\n"
+            + policy(deny, name="b-enforce")
+        )
+        decision = compile_policy(text).decide(activation())
+        assert (decision.effect, decision.policy) == ("deny", "b-enforce")
+        assert [v.policy for v in decision.violations] == ["a-audit", "b-enforce"]
+
+    @pytest.mark.parametrize("mode", ["audit", "warn"])
+    def test_audit_and_warn_would_deny(self, compile_policy: Compile, mode: str) -> None:
+        """audit and warn policies never deny: their refusals are would_deny with the mode."""
+        decision = compile_policy(
+            policy("    - name: never\n      expression: 'false'\n", spec=f"  mode: {mode}\n")
+        ).decide(activation())
+        assert (decision.effect, decision.mode, decision.allowed) == ("would_deny", mode, True)
+
+    def test_match_conditions_scope_a_policy(self, compile_policy: Compile) -> None:
+        """A policy whose matchConditions are not all true does not apply."""
+        spec = "  matchConditions:\n    - name: deep\n      expression: region.depth > 5\n"
+        compiled = compile_policy(
+            policy("    - name: never\n      expression: 'false'\n", spec=spec)
+        )
+        assert compiled.decide(activation(depth=1)).effect == "allow"
+        assert compiled.decide(activation(depth=6)).effect == "deny"
+
+    def test_variables_and_message_expression(self, compile_policy: Compile) -> None:
+        """Variables feed rules and messageExpression, which builds the refusal message."""
+        spec = "  variables:\n    - name: dead\n      expression: size(region.dead_sources)\n"
+        rules = (
+            "    - name: live\n      expression: variables.dead == 0\n"
+            "      message: static\n"
+            "      messageExpression: string(variables.dead) + ' dead source(s)'\n"
+        )
+        decision = compile_policy(policy(rules, spec=spec)).decide(
+            activation(dead_sources=["a", "b"])
+        )
+        assert decision.message == "2 dead source(s)"
+
+    def test_message_expression_error_falls_back(self, compile_policy: Compile) -> None:
+        """A messageExpression that errors falls back to the static message."""
+        rules = (
+            "    - name: never\n      expression: 'false'\n      message: static message\n"
+            "      messageExpression: region.sources[5]\n"
+        )
+        assert compile_policy(policy(rules)).decide(activation()).message == "static message"
+
+    @pytest.mark.parametrize(
+        ("expression", "reason"),
+        [
+            ('region.sources[3] == "a"', "index"),
+            ("10 / (region.depth - 1) > 1", "divide by zero"),
+            ("region.depth + 1", "not a bool"),
+        ],
+    )
+    def test_evaluation_errors_fail_closed(
+        self, compile_policy: Compile, expression: str, reason: str
+    ) -> None:
+        """A rule that errors (or is not boolean) denies under the default failurePolicy."""
+        decision = compile_policy(
+            policy(f"    - name: e\n      expression: '{expression}'\n")
+        ).decide(activation())
+        assert (decision.effect, decision.rule) == ("deny", "e")
+        assert reason in decision.message.lower()
+        assert decision.errors and decision.errors[0].error
+
+    def test_failure_policy_allow(self, compile_policy: Compile) -> None:
+        """failurePolicy: allow lets an erroring rule pass, but the error is still reported."""
+        text = policy(
+            "    - name: e\n      expression: region.sources[3] == 'a'\n",
+            spec="  failurePolicy: allow\n",
+        )
+        decision = compile_policy(text).decide(activation())
+        assert decision.effect == "allow"
+        assert len(decision.errors) == 1 and not decision.violations
+
+    def test_match_condition_error_follows_failure_policy(self, compile_policy: Compile) -> None:
+        """An erroring matchCondition is decided by failurePolicy, naming the condition."""
+        spec = "  matchConditions:\n    - name: bad\n      expression: region.sources[9] == 'x'\n"
+        decision = compile_policy(policy(RULE_OK, spec=spec)).decide(activation())
+        assert (decision.effect, decision.rule) == ("deny", "matchConditions.bad")
+
+    def test_variable_error_follows_failure_policy(self, compile_policy: Compile) -> None:
+        """An erroring variable is decided by failurePolicy, naming the variable."""
+        spec = "  variables:\n    - name: bad\n      expression: region.sources[9]\n"
+        decision = compile_policy(policy(RULE_OK, spec=spec)).decide(activation())
+        assert (decision.effect, decision.rule) == ("deny", "variables.bad")
+
+    def test_explain_reports_match_variables_and_rules(self, compile_policy: Compile) -> None:
+        """explain=True shows each policy's match result, variable values and rule results."""
+        spec = "  variables:\n    - name: n\n      expression: size(region.sources)\n"
+        rules = "    - name: some\n      expression: variables.n > 0\n    - name: none\n      expression: variables.n == 0\n"
+        report = (
+            compile_policy(policy(rules, spec=spec))
+            .decide(activation(), explain=True)
+            .explanation[0]
+        )
+        assert report["matched"] is True
+        assert report["variables"] == {"n": 1}
+        assert report["rules"] == [
+            {"rule": "some", "result": True},
+            {"rule": "none", "result": False},
+        ]
+
+    def test_revision_changes_with_the_sources(self, compile_policy: Compile) -> None:
+        """The revision is a hash of the policy text: same text, same revision; edit, new one."""
+        a, b = compile_policy(policy(RULE_OK)), compile_policy(policy(RULE_OK))
+        c = compile_policy(policy(RULE_OK.replace("10", "11")))
+        assert a.revision == b.revision != c.revision
+        assert a.decide(activation()).revision == a.revision
+
+    def test_force_audit_switch(self, compile_policy: Compile) -> None:
+        """force_audit turns enforce policies into audit ones (shadow rollout)."""
+        compiled = compile_policy(
+            policy("    - name: never\n      expression: 'false'\n"), force_audit=True
+        )
+        assert compiled.decide(activation()).effect == "would_deny"
