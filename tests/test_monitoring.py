@@ -71,7 +71,9 @@ def tool(name: str) -> str:
     return found
 
 
-def run(args: list[str], *, cwd: Path = ROOT, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run(
+    args: list[str], *, cwd: Path = ROOT, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         args, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
     )
@@ -82,19 +84,25 @@ def load_yaml(path: Path) -> Any:
         return yaml.safe_load(f)
 
 
+def load_mapping(path: Path) -> dict[str, Any]:
+    document = load_yaml(path)
+    assert isinstance(document, dict), f"{path} is not a YAML mapping"
+    return document
+
+
 @pytest.fixture(scope="module")
 def compose() -> dict[str, Any]:
-    return load_yaml(COMPOSE)
+    return load_mapping(COMPOSE)
 
 
 @pytest.fixture(scope="module")
 def otelcol() -> dict[str, Any]:
-    return load_yaml(OTELCOL_CONFIG)
+    return load_mapping(OTELCOL_CONFIG)
 
 
 @pytest.fixture(scope="module")
 def rules() -> dict[str, Any]:
-    return load_yaml(RULES)
+    return load_mapping(RULES)
 
 
 def alert_rules(rules_doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -151,14 +159,18 @@ def host_port(endpoint: str) -> tuple[str, int]:
 class TestCompose:
     def test_matches_compose_spec_schema(self) -> None:
         """docker-compose.yml validates against the compose-spec JSON schema."""
-        result = run([tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec",
-                      str(COMPOSE)])
+        result = run(
+            [tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(COMPOSE)]
+        )
         assert result.returncode == 0, result.stdout + result.stderr
 
     def test_every_mounted_file_exists(self, compose: dict[str, Any]) -> None:
         """Every bind-mount source is a file or folder of the repository."""
-        mounts = [(name, source) for name, service in compose["services"].items()
-                  for source, _ in bind_mounts(service)]
+        mounts = [
+            (name, source)
+            for name, service in compose["services"].items()
+            for source, _ in bind_mounts(service)
+        ]
         assert mounts, "no bind mounts found"
         for name, source in mounts:
             path = (ROOT / source).resolve()
@@ -247,8 +259,10 @@ class TestCollectorConfig:
     def test_every_defined_component_is_used(self, otelcol: dict[str, Any]) -> None:
         """No dead configuration: a defined component that no pipeline uses is a mistake."""
         service = otelcol["service"]
-        used = {kind: {c for p in service["pipelines"].values() for c in p.get(kind, [])}
-                for kind in ("receivers", "processors", "exporters")}
+        used = {
+            kind: {c for p in service["pipelines"].values() for c in p.get(kind, [])}
+            for kind in ("receivers", "processors", "exporters")
+        }
         used["extensions"] = set(service.get("extensions", []))
         for kind, names in used.items():
             assert set(otelcol.get(kind) or {}) == names, kind
@@ -301,8 +315,9 @@ class TestCollectorConfig:
 class TestPrometheus:
     def test_promtool_check_config(self) -> None:
         """prometheus.yml is valid and its rule_files glob finds the policyhook rules."""
-        result = run([tool("promtool"), "check", "config", PROMETHEUS_CONFIG.name],
-                     cwd=PROMETHEUS_DIR)
+        result = run(
+            [tool("promtool"), "check", "config", PROMETHEUS_CONFIG.name], cwd=PROMETHEUS_DIR
+        )
         output = result.stdout + result.stderr
         assert result.returncode == 0, output
         assert "SUCCESS: 1 rule files found" in output, output
@@ -348,9 +363,12 @@ class TestPrometheus:
         """Prometheus scrapes collector:<exporter port> with honor_labels (job = service name)."""
         config = load_yaml(PROMETHEUS_CONFIG)
         _, port = host_port(otelcol["exporters"]["prometheus"]["endpoint"])
-        jobs = [job for job in config["scrape_configs"]
-                for static in job.get("static_configs", [])
-                if f"collector:{port}" in static["targets"]]
+        jobs = [
+            job
+            for job in config["scrape_configs"]
+            for static in job.get("static_configs", [])
+            if f"collector:{port}" in static["targets"]
+        ]
         assert len(jobs) == 1, f"no scrape job for collector:{port}"
         assert jobs[0].get("honor_labels") is True
         assert "collector" in compose["services"]
@@ -371,7 +389,9 @@ def panels_of(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 def load_dashboard(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text(encoding="utf-8"))
+    dashboard = json.loads(path.read_text(encoding="utf-8"))
+    assert isinstance(dashboard, dict), f"{path} is not a JSON object"
+    return dashboard
 
 
 def field_links(panel: dict[str, Any]) -> list[dict[str, Any]]:
@@ -385,16 +405,25 @@ def field_links(panel: dict[str, Any]) -> list[dict[str, Any]]:
 
 def jaeger_queries(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
     """Jaeger queries of panels, and of data links that open Explore on Jaeger."""
-    queries = [t for p in panels_of(dashboard) for t in p.get("targets", [])
-               if t.get("datasource", {}).get("type") == "jaeger"]
-    queries += [link["internal"]["query"] for p in panels_of(dashboard)
-                for link in field_links(p) if "internal" in link]
+    queries = [
+        t
+        for p in panels_of(dashboard)
+        for t in p.get("targets", [])
+        if t.get("datasource", {}).get("type") == "jaeger"
+    ]
+    queries += [
+        link["internal"]["query"]
+        for p in panels_of(dashboard)
+        for link in field_links(p)
+        if "internal" in link
+    ]
     return queries
 
 
 class TestGrafanaProvisioning:
-    def test_datasources(self, datasources: dict[str, dict[str, Any]],
-                         compose: dict[str, Any]) -> None:
+    def test_datasources(
+        self, datasources: dict[str, dict[str, Any]], compose: dict[str, Any]
+    ) -> None:
         """Prometheus and Jaeger datasources point at the compose services' ports."""
         doc = load_yaml(DATASOURCES)
         assert doc["apiVersion"] == 1
@@ -415,7 +444,8 @@ class TestGrafanaProvisioning:
         mounted = container_path(compose, "grafana", GRAFANA / "dashboards")
         assert providers[0]["options"]["path"] == mounted
         home = compose["services"]["grafana"]["environment"].get(
-            "GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH")
+            "GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"
+        )
         if home:
             assert home in {f"{mounted}/{d.name}" for d in DASHBOARDS}
 
@@ -424,9 +454,13 @@ class TestGrafanaProvisioning:
 
 
 GRAFANA_VARIABLES = {
-    "$__rate_interval": "1m", "$__interval": "1m", "$__range": "1h",
-    "${service}": "policyhook-demo", "$service": "policyhook-demo",
-    "${summarizer}": ".*", "$summarizer": ".*",
+    "$__rate_interval": "1m",
+    "$__interval": "1m",
+    "$__range": "1h",
+    "${service}": "policyhook-demo",
+    "$service": "policyhook-demo",
+    "${summarizer}": ".*",
+    "$summarizer": ".*",
 }
 
 
@@ -454,8 +488,22 @@ def rule_exprs(rules_doc: dict[str, Any]) -> list[str]:
     return [r["expr"] for g in rules_doc["groups"] for r in g["rules"]]
 
 
-_KEYWORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left",
-             "group_right", "offset", "bool", "inf", "nan", "atan2"}
+_KEYWORDS = {
+    "and",
+    "or",
+    "unless",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "offset",
+    "bool",
+    "inf",
+    "nan",
+    "atan2",
+}
 _CLAUSE = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
 
 
@@ -490,9 +538,22 @@ def label_names(expr: str) -> set[str]:
 def promtool_parse(exprs: list[str], tmp_path: Path) -> None:
     """Parse PromQL with promtool (it has no query linter, but it parses recording rules)."""
     rules_file = tmp_path / "parse.rules.yml"
-    rules_file.write_text(yaml.safe_dump({"groups": [{"name": "parse", "rules": [
-        {"record": f"policyhook:parse_check_{i}", "expr": expr} for i, expr in enumerate(exprs)
-    ]}]}), encoding="utf-8")
+    rules_file.write_text(
+        yaml.safe_dump(
+            {
+                "groups": [
+                    {
+                        "name": "parse",
+                        "rules": [
+                            {"record": f"policyhook:parse_check_{i}", "expr": expr}
+                            for i, expr in enumerate(exprs)
+                        ],
+                    }
+                ]
+            }
+        ),
+        encoding="utf-8",
+    )
     result = run([tool("promtool"), "check", "rules", str(rules_file)])
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -534,7 +595,7 @@ class TestDashboard:
         cells: dict[tuple[int, int], str] = {}
         for panel in load_dashboard(path)["panels"]:
             pos = panel["gridPos"]
-            assert 0 <= pos["x"] and pos["x"] + pos["w"] <= 24, panel["title"]
+            assert pos["x"] >= 0 and pos["x"] + pos["w"] <= 24, panel["title"]
             for x in range(pos["x"], pos["x"] + pos["w"]):
                 for y in range(pos["y"], pos["y"] + pos["h"]):
                     assert (x, y) not in cells, f"{panel['title']!r} overlaps {cells[(x, y)]!r}"
@@ -556,7 +617,9 @@ class TestDashboard:
             'decision=~"deny|would_deny"',
             "policyhook_region_depth_bucket",
             'dead_sources="true"',
-            "histogram_quantile(0.50,", "histogram_quantile(0.95,", "histogram_quantile(0.99,",
+            "histogram_quantile(0.50,",
+            "histogram_quantile(0.95,",
+            "histogram_quantile(0.99,",
             "sum by (outcome, revision) (increase(policyhook_policy_reloads_total",
         ):
             assert needle in exprs, needle
@@ -575,14 +638,27 @@ class TestDashboard:
             encoding="utf-8",
         )
         tsconfig = grafana_schema / f"tsconfig.{check.stem}.json"
-        tsconfig.write_text(json.dumps({
-            "compilerOptions": {"strict": True, "noEmit": True, "module": "esnext",
-                                "moduleResolution": "bundler", "target": "es2022",
-                                "skipLibCheck": True, "exactOptionalPropertyTypes": False},
-            "files": [check.name],
-        }), encoding="utf-8")
-        result = run([str(grafana_schema / "node_modules" / ".bin" / "tsc"), "-p", tsconfig.name],
-                     cwd=grafana_schema)
+        tsconfig.write_text(
+            json.dumps(
+                {
+                    "compilerOptions": {
+                        "strict": True,
+                        "noEmit": True,
+                        "module": "esnext",
+                        "moduleResolution": "bundler",
+                        "target": "es2022",
+                        "skipLibCheck": True,
+                        "exactOptionalPropertyTypes": False,
+                    },
+                    "files": [check.name],
+                }
+            ),
+            encoding="utf-8",
+        )
+        result = run(
+            [str(grafana_schema / "node_modules" / ".bin" / "tsc"), "-p", tsconfig.name],
+            cwd=grafana_schema,
+        )
         assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -596,15 +672,17 @@ def grafana_schema() -> Path:
     lock = (FIXTURES / "package-lock.json").read_bytes()
     key = hashlib.sha256(lock + (FIXTURES / "package.json").read_bytes()).hexdigest()[:12]
     base = os.environ.get("POLICYHOOK_NODE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "policyhook-node")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "policyhook-node"
+    )
     workdir = Path(base) / key
     workdir.mkdir(parents=True, exist_ok=True)
     for name in ("package.json", "package-lock.json", "grafana_dashboard.ts"):
         shutil.copyfile(FIXTURES / name, workdir / name)
     installed = workdir / "node_modules" / "@grafana" / "schema" / "package.json"
     if not installed.exists() or not (workdir / "node_modules" / ".bin" / "tsc").exists():
-        result = run([npm, "ci", "--no-audit", "--no-fund", "--ignore-scripts"], cwd=workdir,
-                     timeout=300)
+        result = run(
+            [npm, "ci", "--no-audit", "--no-fund", "--ignore-scripts"], cwd=workdir, timeout=300
+        )
         if result.returncode != 0:
             missing(f"npm ci of @grafana/schema failed:\n{result.stdout}{result.stderr}")
     return workdir
@@ -723,10 +801,19 @@ def emitted() -> tuple[str, list[dict[str, Any]]]:
     pytest.importorskip("opentelemetry.sdk")
     if not (ROOT / "policyhook" / "__init__.py").exists():
         pytest.fail("policyhook/ is not there yet: cannot check what the library emits")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    result = subprocess.run([sys.executable, "-c", EMIT_SCRIPT], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=120, check=False)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", EMIT_SCRIPT],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     text, _, spans = result.stdout.partition(SPANS_MARKER + "\n")
     return text, json.loads(spans)
@@ -739,8 +826,9 @@ def exposition(emitted: tuple[str, list[dict[str, Any]]]) -> dict[str, dict[str,
 
     families: dict[str, dict[str, Any]] = {}
     for family in text_string_to_metric_families(emitted[0]):
-        entry = families.setdefault(family.name, {"type": family.type, "samples": set(),
-                                                  "labels": set(), "values": {}})
+        entry = families.setdefault(
+            family.name, {"type": family.type, "samples": set(), "labels": set(), "values": {}}
+        )
         for sample in family.samples:
             entry["samples"].add(sample.name)
             entry["labels"] |= set(sample.labels)
@@ -760,22 +848,45 @@ def emitted_series(families: dict[str, dict[str, Any]]) -> dict[str, set[str]]:
 
 EXPECTED_FAMILIES = {
     # OTel name -> (Prometheus family, type, sample names, label names)
-    "policyhook.decisions": ("policyhook_decisions", "counter", {"policyhook_decisions_total"},
-                             {"decision", "mode", "policy", "rule", "trigger", "summarizer",
-                              "region_kind", "dead_sources"}),
+    "policyhook.decisions": (
+        "policyhook_decisions",
+        "counter",
+        {"policyhook_decisions_total"},
+        {
+            "decision",
+            "mode",
+            "policy",
+            "rule",
+            "trigger",
+            "summarizer",
+            "region_kind",
+            "dead_sources",
+        },
+    ),
     "policyhook.decision.duration": (
-        "policyhook_decision_duration_seconds", "histogram",
+        "policyhook_decision_duration_seconds",
+        "histogram",
         {f"policyhook_decision_duration_seconds_{s}" for s in ("bucket", "sum", "count")},
-        {"decision", "mode", "summarizer"}),
+        {"decision", "mode", "summarizer"},
+    ),
     "policyhook.region.depth": (
-        "policyhook_region_depth", "histogram",
+        "policyhook_region_depth",
+        "histogram",
         {f"policyhook_region_depth_{s}" for s in ("bucket", "sum", "count")},
-        {"decision", "summarizer"}),
-    "policyhook.evaluation.errors": ("policyhook_evaluation_errors", "counter",
-                                     {"policyhook_evaluation_errors_total"},
-                                     {"policy", "rule", "outcome"}),
-    "policyhook.policy.reloads": ("policyhook_policy_reloads", "counter",
-                                  {"policyhook_policy_reloads_total"}, {"outcome", "revision"}),
+        {"decision", "summarizer"},
+    ),
+    "policyhook.evaluation.errors": (
+        "policyhook_evaluation_errors",
+        "counter",
+        {"policyhook_evaluation_errors_total"},
+        {"policy", "rule", "outcome"},
+    ),
+    "policyhook.policy.reloads": (
+        "policyhook_policy_reloads",
+        "counter",
+        {"policyhook_policy_reloads_total"},
+        {"outcome", "revision"},
+    ),
 }
 
 
@@ -785,19 +896,31 @@ class TestNoDrift:
     ) -> None:
         """Each metric appears under its Prometheus name, type, suffixes and labels."""
         for otel_name, (family, kind, samples, labels) in EXPECTED_FAMILIES.items():
-            assert family in exposition, f"{otel_name} not emitted as {family}: {sorted(exposition)}"
+            assert family in exposition, (
+                f"{otel_name} not emitted as {family}: {sorted(exposition)}"
+            )
             assert exposition[family]["type"] == kind, otel_name
             assert exposition[family]["samples"] == samples, otel_name
-            emitted = exposition[family]["labels"] - {"le"} - {
-                label for label in exposition[family]["labels"] if label.startswith("otel_scope_")}
+            emitted = (
+                exposition[family]["labels"]
+                - {"le"}
+                - {
+                    label
+                    for label in exposition[family]["labels"]
+                    if label.startswith("otel_scope_")
+                }
+            )
             assert emitted == labels, f"{otel_name}: labels {sorted(emitted)}"
 
     def test_scenario_produced_every_label_value_the_alerts_use(
         self, exposition: dict[str, dict[str, Any]]
     ) -> None:
         """The real decisions produced allow, deny, would_deny, fail-closed errors and reloads."""
+
         def values(family: str, label: str) -> set[str]:
-            return {dict(k[1]).get(label) for k in exposition[family]["values"]} - {None}
+            return {
+                str(dict(k[1])[label]) for k in exposition[family]["values"] if label in dict(k[1])
+            }
 
         assert values("policyhook_decisions", "decision") >= {"allow", "deny", "would_deny"}
         assert values("policyhook_decisions", "dead_sources") >= {"true", "false"}
@@ -835,11 +958,20 @@ class TestNoDrift:
         guard_spans = [s for s in emitted[1] if s["name"] == "policyhook.guard"]
         assert guard_spans, f"no policyhook.guard span among {[s['name'] for s in emitted[1]]}"
         attributes = set().union(*(s["attributes"] for s in guard_spans))
-        documented = {"policyhook.decision", "policyhook.mode", "policyhook.policy",
-                      "policyhook.rule", "policyhook.trigger", "policyhook.summarizer",
-                      "policyhook.region.depth", "policyhook.region.sources",
-                      "policyhook.region.live_sources", "policyhook.region.dead_sources",
-                      "policyhook.policy.revision", "policyhook.decision_id"}
+        documented = {
+            "policyhook.decision",
+            "policyhook.mode",
+            "policyhook.policy",
+            "policyhook.rule",
+            "policyhook.trigger",
+            "policyhook.summarizer",
+            "policyhook.region.depth",
+            "policyhook.region.sources",
+            "policyhook.region.live_sources",
+            "policyhook.region.dead_sources",
+            "policyhook.policy.revision",
+            "policyhook.decision_id",
+        }
         assert documented <= attributes, f"missing span attributes {documented - attributes}"
         decisions = {s["attributes"].get("policyhook.decision") for s in guard_spans}
         assert decisions >= {"allow", "deny", "would_deny"}
@@ -852,22 +984,30 @@ class TestNoDrift:
                         assert value in decisions, value
             for tags in re.findall(r"tags=([^&\"]+)", json.dumps(load_dashboard(path))):
                 for key, value in json.loads(urllib.parse.unquote(tags)).items():
-                    assert key in attributes and (key != "policyhook.decision"
-                                                  or value in decisions), (key, value)
+                    assert key in attributes and (
+                        key != "policyhook.decision" or value in decisions
+                    ), (key, value)
 
     def test_latency_alert_threshold_is_a_bucket_boundary(
         self, exposition: dict[str, dict[str, Any]], rules: dict[str, Any]
     ) -> None:
         """histogram_quantile can only resolve the latency alert if its threshold is a bucket."""
         (rule,) = [r for r in alert_rules(rules) if r["alert"] == "PolicyhookDecisionLatencyHigh"]
-        threshold = float(re.search(r"\)\s*>\s*([0-9.]+)\s*$", rule["expr"].strip())[1])
-        bounds = {float(dict(k[1])["le"]) for k in
-                  exposition["policyhook_decision_duration_seconds"]["values"] if k[0].endswith(
-                      "_bucket")}
+        match = re.search(r"\)\s*>\s*([0-9.]+)\s*$", rule["expr"].strip())
+        assert match, f"no threshold in {rule['expr']!r}"
+        threshold = float(match[1])
+        bounds = {
+            float(dict(k[1])["le"])
+            for k in exposition["policyhook_decision_duration_seconds"]["values"]
+            if k[0].endswith("_bucket")
+        }
         assert threshold in bounds, f"{threshold} not among buckets {sorted(bounds)}"
         assert len([b for b in bounds if b < threshold]) >= 5, "too few buckets below threshold"
-        depth = {float(dict(k[1])["le"]) for k in
-                 exposition["policyhook_region_depth"]["values"] if k[0].endswith("_bucket")}
+        depth = {
+            float(dict(k[1])["le"])
+            for k in exposition["policyhook_region_depth"]["values"]
+            if k[0].endswith("_bucket")
+        }
         assert {0.0, 1.0, 2.0, 3.0} <= depth, f"depth buckets too coarse: {sorted(depth)}"
 
 
@@ -885,7 +1025,7 @@ class _OTLPSink:
         received: list[tuple[str, bytes]] = []
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
@@ -936,10 +1076,18 @@ class TestDemoLoop:
                 "POLICYHOOK_DEMO_PASSES": "3",
                 "POLICYHOOK_DEMO_INTERVAL": "0",
                 "PYTHONPATH": os.pathsep.join(
-                    [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+                    [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+                ),
             }
-            result = subprocess.run([sys.executable, str(DEMO_LOOP)], cwd=ROOT, env=env,
-                                    capture_output=True, text=True, timeout=120, check=False)
+            result = subprocess.run(
+                [sys.executable, str(DEMO_LOOP)],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         metric_names: set[str] = set()
         services: set[str] = set()
@@ -948,19 +1096,29 @@ class TestDemoLoop:
             if path == "/v1/metrics":
                 request = ExportMetricsServiceRequest.FromString(body)
                 for rm in request.resource_metrics:
-                    services |= {a.value.string_value for a in rm.resource.attributes
-                                 if a.key == "service.name"}
+                    services |= {
+                        a.value.string_value
+                        for a in rm.resource.attributes
+                        if a.key == "service.name"
+                    }
                     metric_names |= {m.name for sm in rm.scope_metrics for m in sm.metrics}
             elif path == "/v1/traces":
                 request = ExportTraceServiceRequest.FromString(body)
                 for rs in request.resource_spans:
                     for span in (s for ss in rs.scope_spans for s in ss.spans):
                         if span.name == "policyhook.guard":
-                            decisions |= {a.value.string_value for a in span.attributes
-                                          if a.key == "policyhook.decision"}
+                            decisions |= {
+                                a.value.string_value
+                                for a in span.attributes
+                                if a.key == "policyhook.decision"
+                            }
         assert services == {demo_env["OTEL_SERVICE_NAME"]}
-        assert metric_names >= {"policyhook.decisions", "policyhook.decision.duration",
-                                "policyhook.region.depth", "policyhook.policy.reloads"}
+        assert metric_names >= {
+            "policyhook.decisions",
+            "policyhook.decision.duration",
+            "policyhook.region.depth",
+            "policyhook.policy.reloads",
+        }
         assert decisions >= {"allow", "deny", "would_deny"}, decisions
 
 
@@ -973,9 +1131,9 @@ def readme_section() -> str:
         text = README.read_text(encoding="utf-8")
         match = README_HEADING.search(text)
         if match:
-            rest = text[match.end():]
+            rest = text[match.end() :]
             end = re.search(r"^##\s", rest, re.MULTILINE)
-            return text[match.start(): match.end() + (end.start() if end else len(rest))]
+            return text[match.start() : match.end() + (end.start() if end else len(rest))]
     if README_DRAFT.exists():
         return README_DRAFT.read_text(encoding="utf-8")
     missing("README.md has no '## Monitoring' section")

@@ -85,6 +85,8 @@ def main() -> int:
     audit, broken = folder / "shadow.yaml", folder / "broken.yaml"
     audit.write_text(AUDIT_POLICY.format(edit=0), encoding="utf-8")
     reloader = policyhook.Guard.from_path(folder, reload_interval=0)  # reloads counted here
+    watcher = reloader.watcher
+    assert watcher is not None, "a guard made from a path follows its files"
     number = 0
     try:
         while passes <= 0 or number < passes:
@@ -92,10 +94,10 @@ def main() -> int:
             out = sys.stdout if number == 1 else io.StringIO()
             if broken.exists():
                 broken.unlink()
-                reloader.watcher.check()  # success: back to a good set
+                watcher.check()  # success: back to a good set
             if number % 20 == 1:
                 audit.write_text(AUDIT_POLICY.format(edit=number), encoding="utf-8")
-                reloader.watcher.check()  # success: new revision
+                watcher.check()  # success: new revision
             run(out, policyhook.Guard())  # enforced default policy: the refusal raises
             shadow = policyhook.Guard.from_path(folder, reload_interval=0)
             try:
@@ -104,11 +106,13 @@ def main() -> int:
                 shadow.close()
             if number % 60 == 2:
                 broken.write_text(BROKEN_POLICY, encoding="utf-8")
-                reloader.watcher.check()  # failure: the last good revision stays in force
+                watcher.check()  # failure: the last good revision stays in force
             if number == 1:
-                print(f"policyhook demo loop: a pass every {interval}s, exporting to "
-                      f"{os.environ.get('OTEL_EXPORTER_OTLP_ENDPOINT', 'the OTLP default')}",
-                      flush=True)
+                print(
+                    f"policyhook demo loop: a pass every {interval}s, exporting to "
+                    f"{os.environ.get('OTEL_EXPORTER_OTLP_ENDPOINT', 'the OTLP default')}",
+                    flush=True,
+                )
             time.sleep(interval)
     except KeyboardInterrupt:
         pass
