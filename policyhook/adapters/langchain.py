@@ -1,0 +1,241 @@
+"""LangChain v1: a drop-in `SummarizationMiddleware` whose every summary is decided by a Guard.
+
+LangChain's middleware replaces the oldest messages of the agent state with one summary message
+(`RemoveMessage(REMOVE_ALL_MESSAGES)`, the summary, the kept messages). Once the state holds such a
+summary, the next pass summarizes the summary again. This subclass hooks the one seam every pass
+goes through, `_create_summary(messages_to_summarize)`:
+
+1. every original message about to be evicted is recorded as a source in the guard's store
+   (kind by message type: `user_turn`, `ai_turn`, `tool_output`, `system_prompt`), so that a later
+   re-summarization is allowed while the store still holds them;
+2. an earlier summary message is recognised as the summary the guard recorded; one the guard never
+   saw (made before the guard was installed, or by another process without a durable store) counts
+   as a depth-1 summary resting on a dead source (`untraced:...`);
+3. the guard decides (span, metrics, decision log, listeners, as for a decorated function); on a
+   grant the summary is written by the unchanged upstream code and recorded as a summary one pass
+   deeper; on a refusal `before_model` returns no update, so the agent keeps its messages as they
+   are (nothing replaced, nothing lost), unless `raise_on_refusal=True`.
+
+Requires `langchain>=1.0,<2` (the `_create_summary` / `_acreate_summary` seam).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from langchain.agents.middleware import SummarizationMiddleware
+from langchain_core.messages import AIMessage, AnyMessage, BaseMessage
+from langgraph.runtime import Runtime
+
+from policyhook.errors import UnsafeRecompactionError
+from policyhook.hook import Guard, request
+from policyhook.provenance import Region, content_of, text_id
+
+__all__ = ["GuardedSummarizationMiddleware", "message_kind", "untraced_summary"]
+
+_logger = logging.getLogger(__name__)
+
+#: Source kind recorded for each LangChain message type.
+KINDS = {"human": "user_turn", "ai": "ai_turn", "tool": "tool_output", "system": "system_prompt"}
+
+#: The whole message list of the state being compacted, for the request's window size.
+_state_messages: ContextVar[Sequence[AnyMessage] | None] = ContextVar(
+    "policyhook_langchain_state", default=None
+)
+
+
+def message_kind(message: BaseMessage) -> str:
+    """The source kind a message is recorded under (its LangChain type for unknown types)."""
+    return KINDS.get(message.type, message.type)
+
+
+def _text(message: BaseMessage) -> str:
+    """A message's text as archived: its content, plus its tool calls, which carry evidence too."""
+    text = content_of(message) or ""
+    if isinstance(message, AIMessage) and message.tool_calls:
+        calls = [
+            f"[tool call] {c['name']}({json.dumps(c['args'], sort_keys=True, default=str)})"
+            for c in message.tool_calls
+        ]
+        text = "\n".join([text, *calls]) if text.strip() else "\n".join(calls)
+    return text
+
+
+def untraced_summary(text: str) -> Region:
+    """A summary the guard never saw made: depth 1, resting on a source no store can give back.
+
+    Its one source id (`untraced:...`) is never put in any store, so it is always dead: the
+    default policy refuses to summarize it again, and the refusal names it.
+    """
+    return Region(
+        id=text_id("s", text),
+        depth=1,
+        sources=frozenset({text_id("untraced", text)}),
+        source_kinds=frozenset({"untraced_summary"}),
+        chars=len(text),
+        text=text,
+    )
+
+
+def _is_summary(message: BaseMessage) -> bool:
+    return bool(message.additional_kwargs.get("lc_source") == "summarization")
+
+
+def _summarize(value: list[Any], create: Callable[[], str]) -> str:
+    """The guarded call: `value` is what the guard decides on, `create` the upstream summary."""
+    return create()
+
+
+async def _asummarize(value: list[Any], create: Callable[[], Awaitable[str]]) -> str:
+    return await create()
+
+
+class GuardedSummarizationMiddleware(SummarizationMiddleware[Any, Any]):
+    """`SummarizationMiddleware` that asks `guard` before every summary and records what it made.
+
+    Takes every argument of `SummarizationMiddleware`, plus:
+
+    - `guard`: the Guard deciding (its store receives the evicted originals);
+    - `summarizer_name`: the `summarizer.name` policies and telemetry see;
+    - `window`: the window id, or a function of the runtime returning it; default: the LangGraph
+      `thread_id` when there is one, else the enclosing `policyhook.request(window=...)`;
+    - `raise_on_refusal`: raise `UnsafeRecompactionError` out of the agent instead of keeping the
+      messages unsummarized.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        guard: Guard,
+        summarizer_name: str = "langchain.summarization",
+        window: str | Callable[[Runtime[Any]], str] | None = None,
+        raise_on_refusal: bool = False,
+        **options: Any,
+    ) -> None:
+        super().__init__(model, **options)
+        self.guard = guard
+        self.summarizer_name = summarizer_name
+        self.window = window
+        self.raise_on_refusal = raise_on_refusal
+        self._summarize = guard(summarizer=summarizer_name)(_summarize)
+        self._asummarize = guard(summarizer=summarizer_name)(_asummarize)
+        prefix = content_of(self._build_new_messages("")[0])
+        self._summary_prefix = prefix or ""
+
+    # -- the hooks: same flow as upstream, refusals turned into "no update" ----------------------
+
+    def before_model(self, state: Any, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        """Summarize as upstream does, if the guard allows; otherwise leave the state as it is."""
+        with self._compaction(state, runtime):
+            try:
+                return super().before_model(state, runtime)
+            except UnsafeRecompactionError as refusal:
+                self._refused(refusal)
+                return None
+
+    async def abefore_model(self, state: Any, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        """Async twin of `before_model`."""
+        with self._compaction(state, runtime):
+            try:
+                return await super().abefore_model(state, runtime)
+            except UnsafeRecompactionError as refusal:
+                self._refused(refusal)
+                return None
+
+    # -- the seam -------------------------------------------------------------------------------
+
+    def _create_summary(self, messages_to_summarize: list[AnyMessage]) -> str:
+        create = super()._create_summary
+        with self._request(messages_to_summarize):
+            value = self._provenance(messages_to_summarize)
+            return self._summarize(value, lambda: create(messages_to_summarize))
+
+    async def _acreate_summary(self, messages_to_summarize: list[AnyMessage]) -> str:
+        create = super()._acreate_summary
+        with self._request(messages_to_summarize):
+            value = self._provenance(messages_to_summarize)
+            return await self._asummarize(value, lambda: create(messages_to_summarize))
+
+    # -- provenance -----------------------------------------------------------------------------
+
+    def _provenance(self, messages: Sequence[AnyMessage]) -> list[str | Region]:
+        """Record the originals as sources; map summary messages to the summary text recorded."""
+        with request() as current:
+            window = current.window
+        value: list[str | Region] = []
+        for message in messages:
+            text = _text(message)
+            if not text.strip():
+                continue
+            if not _is_summary(message):
+                source_id = f"langchain:{message.id}" if message.id else None
+                self.guard.record_source(text, message_kind(message), source_id)
+                value.append(text)
+                continue
+            prefix = self._summary_prefix
+            body = text[len(prefix) :] if prefix and text.startswith(prefix) else text
+            if self.guard.ledger.resolve(body, window).region.depth > 0:
+                value.append(body)
+            else:
+                value.append(untraced_summary(body))
+        return value
+
+    # -- the request: window, size, pressure ----------------------------------------------------
+
+    @contextmanager
+    def _compaction(self, state: Any, runtime: Runtime[Any]) -> Iterator[None]:
+        fields: dict[str, Any] = {}
+        window = self._window(runtime)
+        if window is not None:
+            fields["window"] = window
+        token = _state_messages.set(state["messages"])
+        try:
+            with request(**fields):
+                yield
+        finally:
+            _state_messages.reset(token)
+
+    @contextmanager
+    def _request(self, fallback: Sequence[AnyMessage]) -> Iterator[None]:
+        messages = _state_messages.get() or fallback
+        tokens = int(self.token_counter(messages))
+        budget = self._budget()
+        pressure = min(1.0, tokens / budget) if budget > 0 else 0.0
+        with request(budget_pressure=pressure, window_tokens=tokens, window_budget=budget):
+            yield
+
+    def _budget(self) -> int:
+        """The model's input limit when its profile says it, else the lowest token trigger."""
+        limit = self._get_profile_limits()
+        if limit:
+            return limit
+        clauses = getattr(self, "_trigger_clauses", [])
+        thresholds = [int(c["tokens"]) for c in clauses if "tokens" in c]
+        return min(thresholds, default=0)
+
+    def _window(self, runtime: Runtime[Any]) -> str | None:
+        if callable(self.window):
+            return self.window(runtime)
+        if self.window is not None:
+            return self.window
+        try:
+            from langgraph.config import get_config
+
+            thread = get_config().get("configurable", {}).get("thread_id")
+        except RuntimeError:  # called outside a LangGraph run
+            return None
+        return None if thread is None else str(thread)
+
+    def _refused(self, refusal: UnsafeRecompactionError) -> None:
+        if self.raise_on_refusal:
+            raise refusal
+        _logger.warning(
+            "policyhook: summarization refused, the agent keeps its messages unsummarized: %s",
+            refusal,
+        )

@@ -1,0 +1,221 @@
+"""GuardedSummarizationMiddleware inside a real LangChain v1 agent (create_agent + fake chat models)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from importlib import resources
+from typing import Any
+
+import pytest
+
+pytest.importorskip("langchain.agents.middleware")
+
+from langchain.agents import create_agent
+from langchain_core.language_models.fake_chat_models import (
+    FakeListChatModel,
+    GenericFakeChatModel,
+)
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.runtime import Runtime
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from policyhook import Guard, UnsafeRecompactionError
+from policyhook.adapters.langchain import GuardedSummarizationMiddleware
+from policyhook.policy import compile_sources
+from policyhook.testing import capture_decisions
+
+SUMMARIES = ["SUMMARY ONE: retry ceiling is 7 (config)", "SUMMARY TWO: retries are capped"]
+PREFIX = "Here is a summary of the conversation to date:\n\n"
+
+
+def _agent(guard: Guard, **options: Any) -> tuple[Any, dict[str, Any]]:
+    """An agent that summarizes at 7 messages, keeping the last 2, with scripted models."""
+    model = GenericFakeChatModel(messages=iter([AIMessage(f"answer {i}") for i in range(50)]))
+    middleware = GuardedSummarizationMiddleware(
+        FakeListChatModel(responses=SUMMARIES),
+        guard=guard,
+        trigger=("messages", 6),
+        keep=("messages", 2),
+        **options,
+    )
+    agent = create_agent(
+        model=model, tools=[], middleware=[middleware], checkpointer=InMemorySaver()
+    )
+    return agent, {"configurable": {"thread_id": "thread-1"}}
+
+
+def _ask(agent: Any, config: dict[str, Any], *questions: str) -> list[Any]:
+    out: dict[str, Any] = {}
+    for question in questions:
+        out = agent.invoke({"messages": [HumanMessage(question)]}, config)
+    return list(out["messages"])
+
+
+def _first_pass(agent: Any, config: dict[str, Any]) -> list[Any]:
+    """Four questions: the fourth model call finds 7 messages and summarizes the oldest 5."""
+    return _ask(agent, config, "q0: read config", "q1", "q2", "q3")
+
+
+def _audit_policies() -> Any:
+    text = resources.files("policyhook").joinpath("default_policy.yaml").read_text("utf-8")
+    return compile_sources([("default.yaml", text)], force_audit=True)
+
+
+class TestGuardedSummarizationMiddleware:
+    def test_first_summarization_is_granted_and_recorded(self) -> None:
+        """Summarizing originals is allowed; the summary is recognised later as a depth-1 summary."""
+        guard = Guard()
+        agent, config = _agent(guard)
+        with capture_decisions(guard) as seen:
+            messages = _first_pass(agent, config)
+        assert [d.effect for d, _ in seen] == ["allow"]
+        assert seen[0][1]["region"]["depth"] == 0
+        activation = seen[0][1]
+        assert activation["window"]["id"] == "thread-1"
+        assert messages[0].content == PREFIX + SUMMARIES[0]
+        assert guard.ledger.resolve(SUMMARIES[0], "thread-1").region.depth == 1
+
+    def test_evicted_originals_are_recorded_by_message_type(self) -> None:
+        """Every evicted original is in the store first, under its kind and message id."""
+        guard = Guard()
+        agent, config = _agent(guard)
+        _first_pass(agent, config)
+        held = {source.id: (source.kind, text) for source, text in guard.store.sources(100)}
+        kinds = {kind for kind, _ in held.values()}
+        assert kinds == {"user_turn", "ai_turn"}
+        assert ("user_turn", "q0: read config") in held.values()
+        assert all(source_id.startswith("langchain:") for source_id in held)
+
+    def test_resummarizing_is_allowed_while_sources_are_live(self) -> None:
+        """A summary of the summary is granted when every original it rests on is still held."""
+        guard = Guard()
+        agent, config = _agent(guard)
+        _first_pass(agent, config)
+        with capture_decisions(guard) as seen:
+            messages = _ask(agent, config, "q4", "q5")
+        assert [(d.effect, a["region"]["depth"]) for d, a in seen] == [("allow", 1)]
+        assert messages[0].content == PREFIX + SUMMARIES[1]
+
+    def test_refusal_keeps_the_state_unchanged(self) -> None:
+        """With the originals evicted, the re-summarization is refused and no message is lost."""
+        guard = Guard()
+        agent, config = _agent(guard)
+        before = _first_pass(agent, config)
+        for source, _ in guard.store.sources(100):
+            guard.store.evict(source.id)
+        with capture_decisions(guard) as seen:
+            after = _ask(agent, config, "q4", "q5")
+        decision, activation = seen[-1]
+        assert decision.effect == "deny"
+        assert decision.rule == "live-sources"
+        assert activation["region"]["depth"] == 1 and activation["region"]["dead_sources"]
+        assert [m.id for m in after[: len(before)]] == [m.id for m in before]
+        assert [m.content for m in after[len(before) :]] == ["q4", "answer 4", "q5", "answer 5"]
+        assert not any(SUMMARIES[1] in str(m.content) for m in after)
+
+    def test_refusal_is_traced_and_logged(self, caplog: pytest.LogCaptureFixture) -> None:
+        """The refusal leaves a policyhook.guard span with status ERROR and a warning log line."""
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        guard = Guard(tracer_provider=provider)
+        agent, config = _agent(guard)
+        _first_pass(agent, config)
+        for source, _ in guard.store.sources(100):
+            guard.store.evict(source.id)
+        exporter.clear()
+        with caplog.at_level("WARNING", logger="policyhook.adapters.langchain"):
+            _ask(agent, config, "q4", "q5")
+        refused = [s for s in exporter.get_finished_spans() if s.name == "policyhook.guard"]
+        assert refused and refused[-1].attributes is not None
+        assert refused[-1].attributes["policyhook.decision"] == "deny"
+        assert refused[-1].attributes["policyhook.summarizer"] == "langchain.summarization"
+        assert refused[-1].status.status_code.name == "ERROR"
+        assert "summarization refused" in caplog.text
+
+    def test_audit_mode_lets_it_through(self) -> None:
+        """Under an audit-mode policy the same pass is summarized and recorded as would_deny."""
+        guard = Guard(_audit_policies())
+        agent, config = _agent(guard)
+        _first_pass(agent, config)
+        for source, _ in guard.store.sources(100):
+            guard.store.evict(source.id)
+        with capture_decisions(guard) as seen:
+            messages = _ask(agent, config, "q4", "q5")
+        assert [d.effect for d, _ in seen] == ["would_deny"]
+        assert messages[0].content == PREFIX + SUMMARIES[1]
+
+    def test_raise_on_refusal(self) -> None:
+        """With raise_on_refusal the agent run fails with UnsafeRecompactionError."""
+        guard = Guard()
+        agent, config = _agent(guard, raise_on_refusal=True)
+        _first_pass(agent, config)
+        for source, _ in guard.store.sources(100):
+            guard.store.evict(source.id)
+        with pytest.raises(UnsafeRecompactionError) as refusal:
+            _ask(agent, config, "q4", "q5")
+        assert refusal.value.rule == "live-sources"
+
+    def test_async_agent_refuses_the_same_way(self) -> None:
+        """ainvoke goes through abefore_model and gets the same refusal and unchanged state."""
+        guard = Guard()
+        agent, config = _agent(guard)
+        before = _first_pass(agent, config)
+        for source, _ in guard.store.sources(100):
+            guard.store.evict(source.id)
+
+        async def ask() -> list[Any]:
+            out: dict[str, Any] = {}
+            for question in ("q4", "q5"):
+                out = await agent.ainvoke({"messages": [HumanMessage(question)]}, config)
+            return list(out["messages"])
+
+        with capture_decisions(guard) as seen:
+            after = asyncio.run(ask())
+        assert seen[-1][0].effect == "deny"
+        assert [m.id for m in after[: len(before)]] == [m.id for m in before]
+
+    def test_unknown_summary_message_rests_on_no_source(self) -> None:
+        """A summary message the guard never recorded counts as resting on a dead source."""
+        guard = Guard()
+        middleware = GuardedSummarizationMiddleware(
+            FakeListChatModel(responses=["never"]),
+            guard=guard,
+            trigger=("messages", 4),
+            keep=("messages", 1),
+        )
+        summary = middleware._build_new_messages("made by another process, long ago")[0]
+        state = {
+            "messages": [
+                summary,
+                HumanMessage("run the tests", id="h1"),
+                AIMessage("", id="a1", tool_calls=[{"name": "pytest", "args": {}, "id": "c1"}]),
+                ToolMessage("3 passed", tool_call_id="c1", id="t1"),
+                HumanMessage("thanks", id="h2"),
+            ]
+        }
+        with capture_decisions(guard) as seen:
+            update = middleware.before_model(state, Runtime())
+        assert update is None
+        decision = seen[0][0]
+        assert decision.effect == "deny" and decision.rule == "live-sources"
+        assert [s.split(":")[0] for s in decision.dead_sources] == ["untraced"]
+        kinds = {source.kind for source, _ in guard.store.sources(100)}
+        assert kinds == {"user_turn", "ai_turn", "tool_output"}
+        assert guard.store.get_source("langchain:a1") == "[tool call] pytest({})"
+
+
+def test_import_policyhook_does_not_import_langchain() -> None:
+    """`import policyhook` works without loading any framework."""
+    code = (
+        "import sys, policyhook, policyhook.adapters\n"
+        "frameworks = ('langchain', 'langmem', 'langgraph')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(frameworks)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
