@@ -988,6 +988,18 @@ class TestNoDrift:
                         key != "policyhook.decision" or value in decisions
                     ), (key, value)
 
+    def test_rule_unit_tests_use_real_series(self, exposition: dict[str, dict[str, Any]]) -> None:
+        """The synthetic series of the promtool tests have real metric names and label names."""
+        series = emitted_series(exposition)
+        for case in load_yaml(RULE_TESTS)["tests"]:
+            for item in case["input_series"]:
+                match = re.fullmatch(r"([a-zA-Z_:][\w:]*)\{(.*)\}", item["series"])
+                assert match, item["series"]
+                name, labels = match[1], set(re.findall(r"(\w+)=", match[2]))
+                assert name in series, f"{case['name']}: {name} is never emitted"
+                extra = labels - series[name] - TARGET_LABELS
+                assert not extra, f"{case['name']}: {name} has no labels {sorted(extra)}"
+
     def test_latency_alert_threshold_is_a_bucket_boundary(
         self, exposition: dict[str, dict[str, Any]], rules: dict[str, Any]
     ) -> None:
@@ -1134,10 +1146,13 @@ def readme_section() -> str:
             rest = text[match.end() :]
             end = re.search(r"^##\s", rest, re.MULTILINE)
             return text[match.start() : match.end() + (end.start() if end else len(rest))]
-    if README_DRAFT.exists():
+    if README_DRAFT.exists() and not IN_CI:  # CI checks what ships: README.md
         return README_DRAFT.read_text(encoding="utf-8")
-    missing("README.md has no '## Monitoring' section")
-    return ""
+    if IN_CI:
+        pytest.fail(
+            "README.md has no '## Monitoring' section (its text: /tmp/readme-monitoring.md)"
+        )
+    pytest.skip("README.md has no '## Monitoring' section yet")
 
 
 class TestReadme:
