@@ -13,3 +13,53 @@ never needs LangChain or langmem:
 All of them decide through `Guard`, so every decision gets the same span, metrics, decision log and
 listeners as a decorated summarizer.
 """
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from policyhook.provenance import Region, content_of, text_id
+
+__all__ = ["MESSAGE_KINDS", "message_kind", "message_text", "untraced_summary"]
+
+#: Source kind recorded for each LangChain message type (`message.type`).
+MESSAGE_KINDS = {
+    "human": "user_turn",
+    "ai": "ai_turn",
+    "tool": "tool_output",
+    "system": "system_prompt",
+}
+
+
+def message_kind(message: Any) -> str:
+    """The source kind a LangChain message is recorded under (its own type for unknown types)."""
+    kind = str(getattr(message, "type", "message"))
+    return MESSAGE_KINDS.get(kind, kind)
+
+
+def message_text(message: Any) -> str:
+    """A message's text as archived: its content, plus its tool calls, which carry evidence too."""
+    text = content_of(message) or ""
+    calls = [
+        f"[tool call] {c['name']}({json.dumps(c.get('args', {}), sort_keys=True, default=str)})"
+        for c in getattr(message, "tool_calls", None) or ()
+    ]
+    return "\n".join([text, *calls] if text.strip() else calls) if calls else text
+
+
+def untraced_summary(text: str) -> Region:
+    """A summary the guard never saw made: depth 1, resting on a source no store can give back.
+
+    Its one source id (`untraced:...`) is never put in any store, so it is always dead: the default
+    policy refuses to summarize it again, and the refusal names it. This is how adapters treat a
+    summary made before the guard was installed, or by a process whose store is gone.
+    """
+    return Region(
+        id=text_id("s", text),
+        depth=1,
+        sources=frozenset({text_id("untraced", text)}),
+        source_kinds=frozenset({"untraced_summary"}),
+        chars=len(text),
+        text=text,
+    )

@@ -21,7 +21,6 @@ Requires `langchain>=1.0,<2` (the `_create_summary` / `_acreate_summary` seam).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -29,19 +28,17 @@ from contextvars import ContextVar
 from typing import Any
 
 from langchain.agents.middleware import SummarizationMiddleware
-from langchain_core.messages import AIMessage, AnyMessage, BaseMessage
+from langchain_core.messages import AnyMessage, BaseMessage
 from langgraph.runtime import Runtime
 
+from policyhook.adapters import message_kind, message_text, untraced_summary
 from policyhook.errors import UnsafeRecompactionError
 from policyhook.hook import Guard, request
-from policyhook.provenance import Region, content_of, text_id
+from policyhook.provenance import Region, content_of
 
-__all__ = ["GuardedSummarizationMiddleware", "message_kind", "untraced_summary"]
+__all__ = ["GuardedSummarizationMiddleware"]
 
 _logger = logging.getLogger(__name__)
-
-#: Source kind recorded for each LangChain message type.
-KINDS = {"human": "user_turn", "ai": "ai_turn", "tool": "tool_output", "system": "system_prompt"}
 
 #: The whole message list of the state being compacted, for the request's window size.
 _state_messages: ContextVar[Sequence[AnyMessage] | None] = ContextVar(
@@ -49,40 +46,8 @@ _state_messages: ContextVar[Sequence[AnyMessage] | None] = ContextVar(
 )
 
 
-def message_kind(message: BaseMessage) -> str:
-    """The source kind a message is recorded under (its LangChain type for unknown types)."""
-    return KINDS.get(message.type, message.type)
-
-
-def _text(message: BaseMessage) -> str:
-    """A message's text as archived: its content, plus its tool calls, which carry evidence too."""
-    text = content_of(message) or ""
-    if isinstance(message, AIMessage) and message.tool_calls:
-        calls = [
-            f"[tool call] {c['name']}({json.dumps(c['args'], sort_keys=True, default=str)})"
-            for c in message.tool_calls
-        ]
-        text = "\n".join([text, *calls]) if text.strip() else "\n".join(calls)
-    return text
-
-
-def untraced_summary(text: str) -> Region:
-    """A summary the guard never saw made: depth 1, resting on a source no store can give back.
-
-    Its one source id (`untraced:...`) is never put in any store, so it is always dead: the
-    default policy refuses to summarize it again, and the refusal names it.
-    """
-    return Region(
-        id=text_id("s", text),
-        depth=1,
-        sources=frozenset({text_id("untraced", text)}),
-        source_kinds=frozenset({"untraced_summary"}),
-        chars=len(text),
-        text=text,
-    )
-
-
 def _is_summary(message: BaseMessage) -> bool:
+    """Upstream marks its summary messages with `additional_kwargs["lc_source"]`."""
     return bool(message.additional_kwargs.get("lc_source") == "summarization")
 
 
@@ -170,7 +135,7 @@ class GuardedSummarizationMiddleware(SummarizationMiddleware[Any, Any]):
             window = current.window
         value: list[str | Region] = []
         for message in messages:
-            text = _text(message)
+            text = message_text(message)
             if not text.strip():
                 continue
             if not _is_summary(message):

@@ -1,0 +1,282 @@
+"""langmem: guarded `summarize_messages` / `asummarize_messages` and a guarded `SummarizationNode`.
+
+langmem keeps a `RunningSummary` and, once enough new messages pile up, asks the model to *extend*
+the existing summary with them: summary n+1 = S(summary n + new messages), a summary of a summary.
+These wrappers take langmem's own arguments plus a `guard`, and:
+
+1. find out what langmem would summarize by running it once with a probe model that never calls an
+   LLM (langmem's public API only; if nothing would be summarized, that result is returned as is);
+2. record each new message about to be folded in as a source (kind by message type), and recognise
+   the running summary as the one the guard recorded (one it never saw counts as resting on a dead
+   `untraced:...` source);
+3. decide through the guard (same span, metrics, decision log and listeners as the decorator);
+   on a grant, run langmem with the real model and record the new summary one pass deeper.
+
+On refusal (enforce mode) the default is to **return langmem's own no-summarization result**: the
+running summary unchanged and every message it does not cover kept verbatim, so nothing is lost and
+nothing is re-judged; the context simply stays larger. Pass `raise_on_refusal=True` to get
+`UnsafeRecompactionError` instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from langchain_core.messages import AIMessage, AnyMessage
+from langchain_core.messages.utils import count_tokens_approximately
+from langchain_core.runnables import RunnableLambda
+from langmem.short_term import summarization as upstream  # type: ignore[import-untyped]
+from langmem.short_term.summarization import (  # type: ignore[import-untyped]
+    RunningSummary,
+    SummarizationResult,
+)
+
+from policyhook.adapters import message_kind, message_text, untraced_summary
+from policyhook.errors import UnsafeRecompactionError
+from policyhook.hook import Guard, request
+from policyhook.provenance import Region, content_of
+
+__all__ = ["GuardedSummarizationNode", "asummarize_messages", "summarize_messages"]
+
+_logger = logging.getLogger(__name__)
+
+DEFAULT_NAME = "langmem.summarize_messages"
+
+
+class _Probe:
+    """A stand-in model: tells whether langmem would call the model, and never calls an LLM."""
+
+    def __init__(self) -> None:
+        self.called = False
+        self.runnable = RunnableLambda(self._answer, afunc=self._aanswer)
+
+    def _answer(self, _: Any) -> AIMessage:
+        self.called = True
+        return AIMessage(content="")
+
+    async def _aanswer(self, value: Any) -> AIMessage:
+        return self._answer(value)
+
+
+def _text(summary: Any) -> str:
+    """The running summary's text (models may return content blocks instead of a str)."""
+    return content_of({"content": summary}) or ""
+
+
+def _summarize(value: list[Any], run: Callable[[], str]) -> str:
+    return run()
+
+
+async def _asummarize(value: list[Any], run: Callable[[], Awaitable[str]]) -> str:
+    return await run()
+
+
+def summarize_messages(
+    messages: list[AnyMessage],
+    *,
+    running_summary: RunningSummary | None,
+    model: Any,
+    guard: Guard,
+    summarizer_name: str = DEFAULT_NAME,
+    window: str | None = None,
+    raise_on_refusal: bool = False,
+    **options: Any,
+) -> SummarizationResult:
+    """langmem's `summarize_messages`, decided by `guard` before it (re-)summarizes.
+
+    `options` are langmem's (`max_tokens`, `max_tokens_before_summary`, `token_counter`, prompts).
+    `window` names the conversation for policies and for recognising its summaries (default: the
+    enclosing `policyhook.request(window=...)`).
+    """
+    probe = _Probe()
+    dry = upstream.summarize_messages(
+        messages, running_summary=running_summary, model=probe.runnable, **options
+    )
+    if not probe.called:
+        return dry  # nothing to summarize: langmem did not touch the model
+    outcome: list[SummarizationResult] = []
+
+    def run() -> str:
+        result = upstream.summarize_messages(
+            messages, running_summary=running_summary, model=model, **options
+        )
+        outcome.append(result)
+        return _text(result.running_summary.summary) if result.running_summary else ""
+
+    with _request(messages, window, options):
+        value = _provenance(guard, messages, running_summary, dry)
+        try:
+            guard(summarizer=summarizer_name)(_summarize)(value, run)
+        except UnsafeRecompactionError as refusal:
+            return _refused(refusal, raise_on_refusal, messages, running_summary, options)
+    return outcome[0]
+
+
+async def asummarize_messages(
+    messages: list[AnyMessage],
+    *,
+    running_summary: RunningSummary | None,
+    model: Any,
+    guard: Guard,
+    summarizer_name: str = DEFAULT_NAME,
+    window: str | None = None,
+    raise_on_refusal: bool = False,
+    **options: Any,
+) -> SummarizationResult:
+    """Async twin of `summarize_messages` (langmem's `asummarize_messages`)."""
+    probe = _Probe()
+    dry = await upstream.asummarize_messages(
+        messages, running_summary=running_summary, model=probe.runnable, **options
+    )
+    if not probe.called:
+        return dry
+    outcome: list[SummarizationResult] = []
+
+    async def run() -> str:
+        result = await upstream.asummarize_messages(
+            messages, running_summary=running_summary, model=model, **options
+        )
+        outcome.append(result)
+        return _text(result.running_summary.summary) if result.running_summary else ""
+
+    with _request(messages, window, options):
+        value = _provenance(guard, messages, running_summary, dry)
+        try:
+            await guard(summarizer=summarizer_name)(_asummarize)(value, run)
+        except UnsafeRecompactionError as refusal:
+            return _refused(refusal, raise_on_refusal, messages, running_summary, options)
+    return outcome[0]
+
+
+class GuardedSummarizationNode(upstream.SummarizationNode):  # type: ignore[misc]
+    """langmem's `SummarizationNode` (a LangGraph node) whose summaries go through `guard`.
+
+    Takes every argument of `SummarizationNode`, plus `guard`, `summarizer_name`, `window` and
+    `raise_on_refusal` as for `summarize_messages`.
+    """
+
+    def __init__(
+        self,
+        *,
+        guard: Guard,
+        summarizer_name: str = "langmem.SummarizationNode",
+        window: str | None = None,
+        raise_on_refusal: bool = False,
+        **options: Any,
+    ) -> None:
+        super().__init__(**options)
+        self.guard = guard
+        self.summarizer_name = summarizer_name
+        self.window = window
+        self.raise_on_refusal = raise_on_refusal
+
+    def _options(self) -> dict[str, Any]:
+        return {
+            "max_tokens": self.max_tokens,
+            "max_tokens_before_summary": self.max_tokens_before_summary,
+            "max_summary_tokens": self.max_summary_tokens,
+            "token_counter": self.token_counter,
+            "initial_summary_prompt": self.initial_summary_prompt,
+            "existing_summary_prompt": self.existing_summary_prompt,
+            "final_prompt": self.final_prompt,
+        }
+
+    def _func(self, input: Any) -> dict[str, Any]:
+        messages, context = self._parse_input(input)
+        result = summarize_messages(
+            messages,
+            running_summary=context.get("running_summary"),
+            model=self.model,
+            guard=self.guard,
+            summarizer_name=self.summarizer_name,
+            window=self.window,
+            raise_on_refusal=self.raise_on_refusal,
+            **self._options(),
+        )
+        update: dict[str, Any] = self._prepare_state_update(context, result)
+        return update
+
+    async def _afunc(self, input: Any) -> dict[str, Any]:
+        messages, context = self._parse_input(input)
+        result = await asummarize_messages(
+            messages,
+            running_summary=context.get("running_summary"),
+            model=self.model,
+            guard=self.guard,
+            summarizer_name=self.summarizer_name,
+            window=self.window,
+            raise_on_refusal=self.raise_on_refusal,
+            **self._options(),
+        )
+        update: dict[str, Any] = self._prepare_state_update(context, result)
+        return update
+
+
+# -- shared steps ---------------------------------------------------------------------------------
+
+
+def _provenance(
+    guard: Guard,
+    messages: Sequence[AnyMessage],
+    running_summary: RunningSummary | None,
+    dry: SummarizationResult,
+) -> list[str | Region]:
+    """What the summarize call rests on: the running summary, then the messages it folds in."""
+    with request() as current:
+        window = current.window
+    value: list[str | Region] = []
+    if running_summary is not None:
+        text = _text(running_summary.summary)
+        known = guard.ledger.resolve(text, window).region.depth > 0
+        value.append(text if known else untraced_summary(text))
+    done = running_summary.summarized_message_ids if running_summary is not None else set()
+    folded = dry.running_summary.summarized_message_ids - done if dry.running_summary else set()
+    for message in messages:
+        text = message_text(message)
+        if message.id not in folded or not text.strip():
+            continue
+        guard.record_source(text, message_kind(message), f"langmem:{message.id}")
+        value.append(text)
+    return value
+
+
+@contextmanager
+def _request(
+    messages: Sequence[AnyMessage], window: str | None, options: dict[str, Any]
+) -> Iterator[None]:
+    count = options.get("token_counter", count_tokens_approximately)
+    tokens = int(count(messages))
+    budget = int(options.get("max_tokens", 0))
+    fields: dict[str, Any] = {
+        "budget_pressure": min(1.0, tokens / budget) if budget > 0 else 0.0,
+        "window_tokens": tokens,
+        "window_budget": budget,
+    }
+    if window is not None:
+        fields["window"] = window
+    with request(**fields):
+        yield
+
+
+def _refused(
+    refusal: UnsafeRecompactionError,
+    raise_on_refusal: bool,
+    messages: list[AnyMessage],
+    running_summary: RunningSummary | None,
+    options: dict[str, Any],
+) -> SummarizationResult:
+    """langmem's result when it summarizes nothing: the running summary kept as it is."""
+    if raise_on_refusal:
+        raise refusal
+    _logger.warning(
+        "policyhook: langmem re-summarization refused, the running summary is kept as it is: %s",
+        refusal,
+    )
+    keep = {**options, "max_tokens_before_summary": sys.maxsize}
+    return upstream.summarize_messages(
+        messages, running_summary=running_summary, model=_Probe().runnable, **keep
+    )

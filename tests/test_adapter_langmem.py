@@ -1,0 +1,210 @@
+"""Guarded langmem running summaries, against the real langmem.short_term functions."""
+
+from __future__ import annotations
+
+import asyncio
+from importlib import resources
+from typing import Any, TypedDict
+
+import pytest
+
+pytest.importorskip("langmem.short_term")
+
+from typing import Annotated
+
+from langchain_core.language_models.fake_chat_models import FakeListChatModel
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langgraph.graph import START, StateGraph
+from langgraph.graph.message import add_messages
+from langmem.short_term import RunningSummary
+from langmem.short_term import summarize_messages as langmem_summarize
+
+from policyhook import Guard, UnsafeRecompactionError
+from policyhook.adapters.langmem import (
+    GuardedSummarizationNode,
+    asummarize_messages,
+    summarize_messages,
+)
+from policyhook.policy import compile_sources
+from policyhook.testing import capture_decisions
+
+SUMMARIES = ["S1: retry ceiling is 7 (config)", "S2: retries are capped", "S3: capped at 5"]
+#: One token per message; summarize once 4 new messages have piled up.
+OPTIONS: dict[str, Any] = {
+    "max_tokens": 6,
+    "max_tokens_before_summary": 4,
+    "max_summary_tokens": 1,
+    "token_counter": lambda messages: len(list(messages)),
+}
+
+
+class Conversation:
+    """A growing message list and its running summary, summarized through the guard."""
+
+    def __init__(self, guard: Guard, **options: Any) -> None:
+        self.guard = guard
+        self.model = FakeListChatModel(responses=SUMMARIES)
+        self.messages: list[AnyMessage] = []
+        self.summary: RunningSummary | None = None
+        self.options = options
+        self.turn = 0
+
+    def say(self, turns: int = 1) -> Any:
+        result = None
+        for _ in range(turns):
+            self.messages += [
+                HumanMessage(f"question {self.turn}", id=f"h{self.turn}"),
+                AIMessage(f"answer {self.turn}", id=f"a{self.turn}"),
+            ]
+            self.turn += 1
+            result = summarize_messages(
+                self.messages,
+                running_summary=self.summary,
+                model=self.model,
+                guard=self.guard,
+                window="chat-1",
+                **OPTIONS,
+                **self.options,
+            )
+            self.summary = result.running_summary
+        return result
+
+    def evict_all(self) -> None:
+        for source, _ in self.guard.store.sources(1000):
+            self.guard.store.evict(source.id)
+
+
+class TestSummarizeMessages:
+    def test_first_summary_is_granted_and_recorded(self) -> None:
+        """The first summary folds originals in: allowed, and recorded as a depth-1 summary."""
+        chat = Conversation(Guard())
+        with capture_decisions(chat.guard) as seen:
+            result = chat.say(2)
+        assert [(d.effect, a["region"]["depth"]) for d, a in seen] == [("allow", 0)]
+        assert result.running_summary.summary == SUMMARIES[0]
+        assert chat.guard.ledger.resolve(SUMMARIES[0], "chat-1").region.depth == 1
+        kinds = {(s.id, s.kind) for s, _ in chat.guard.store.sources(100)}
+        assert ("langmem:h0", "user_turn") in kinds and ("langmem:a1", "ai_turn") in kinds
+
+    def test_no_decision_when_langmem_summarizes_nothing(self) -> None:
+        """Below the threshold no summarize call happens, so nothing is decided or changed."""
+        chat = Conversation(Guard())
+        with capture_decisions(chat.guard) as seen:
+            result = chat.say(1)
+        assert seen == []
+        expected = langmem_summarize(chat.messages, running_summary=None, model=None, **OPTIONS)
+        assert result.messages == expected.messages and result.running_summary is None
+
+    def test_extending_the_summary_is_allowed_while_sources_are_live(self) -> None:
+        """Summary 2 = S(summary 1 + new turns) is granted when summary 1's originals are held."""
+        chat = Conversation(Guard())
+        chat.say(2)
+        with capture_decisions(chat.guard) as seen:
+            result = chat.say(2)
+        assert [(d.effect, a["region"]["depth"]) for d, a in seen] == [("allow", 1)]
+        assert result.running_summary.summary == SUMMARIES[1]
+
+    def test_refusal_keeps_the_running_summary_and_every_message(self) -> None:
+        """With the originals evicted, langmem is not called; the summary and turns stay as is."""
+        chat = Conversation(Guard())
+        chat.say(2)
+        first = chat.summary
+        chat.evict_all()
+        with capture_decisions(chat.guard) as seen:
+            result = chat.say(2)
+        decision, activation = seen[-1]
+        assert decision.effect == "deny" and decision.rule == "live-sources"
+        assert activation["region"]["depth"] == 1
+        assert result.running_summary is first
+        texts = [m.content for m in result.messages]
+        assert texts[0] == f"Summary of the conversation so far: {SUMMARIES[0]}"
+        assert texts[1:] == ["question 2", "answer 2", "question 3", "answer 3"]
+        assert not any(SUMMARIES[1] in str(t) for t in texts)
+
+    def test_raise_on_refusal(self) -> None:
+        """raise_on_refusal=True surfaces the refusal as UnsafeRecompactionError."""
+        chat = Conversation(Guard(), raise_on_refusal=True)
+        chat.say(2)
+        chat.evict_all()
+        with pytest.raises(UnsafeRecompactionError) as refusal:
+            chat.say(2)
+        assert refusal.value.depth == 1
+
+    def test_audit_mode_lets_it_through(self) -> None:
+        """Under an audit-mode policy the summary is extended and the decision is would_deny."""
+        text = resources.files("policyhook").joinpath("default_policy.yaml").read_text("utf-8")
+        guard = Guard(compile_sources([("default.yaml", text)], force_audit=True))
+        chat = Conversation(guard)
+        chat.say(2)
+        chat.evict_all()
+        with capture_decisions(guard) as seen:
+            result = chat.say(2)
+        assert [d.effect for d, _ in seen] == ["would_deny"]
+        assert result.running_summary.summary == SUMMARIES[1]
+
+    def test_running_summary_from_elsewhere_is_untraced(self) -> None:
+        """A RunningSummary the guard never recorded rests on a dead `untraced:` source."""
+        guard = Guard()
+        messages: list[AnyMessage] = [HumanMessage("old", id="old")]
+        messages += [HumanMessage(f"q{i}", id=f"q{i}") for i in range(4)]
+        restored = RunningSummary("restored from a checkpoint", {"old"}, "old")
+        with capture_decisions(guard) as seen:
+            result = summarize_messages(
+                messages,
+                running_summary=restored,
+                model=FakeListChatModel(responses=["never"]),
+                guard=guard,
+                **OPTIONS,
+            )
+        assert result.running_summary is restored
+        assert [d.split(":")[0] for d in seen[0][0].dead_sources] == ["untraced"]
+
+    def test_async_refusal(self) -> None:
+        """asummarize_messages refuses the same way and keeps the running summary."""
+        chat = Conversation(Guard())
+        chat.say(2)
+        first = chat.summary
+        chat.evict_all()
+        chat.messages += [HumanMessage(f"more {i}", id=f"m{i}") for i in range(4)]
+
+        with capture_decisions(chat.guard) as seen:
+            result = asyncio.run(
+                asummarize_messages(
+                    chat.messages,
+                    running_summary=first,
+                    model=chat.model,
+                    guard=chat.guard,
+                    window="chat-1",
+                    **OPTIONS,
+                )
+            )
+        assert [d.effect for d, _ in seen] == ["deny"]
+        assert result.running_summary is first
+
+
+class State(TypedDict, total=False):
+    messages: Annotated[list[AnyMessage], add_messages]
+    summarized_messages: list[AnyMessage]
+    context: dict[str, Any]
+
+
+def test_guarded_summarization_node_in_a_graph() -> None:
+    """GuardedSummarizationNode in a real StateGraph: grants, then refuses once sources are gone."""
+    guard = Guard()
+    node = GuardedSummarizationNode(
+        guard=guard, window="graph-1", model=FakeListChatModel(responses=SUMMARIES), **OPTIONS
+    )
+    graph = StateGraph(State)
+    graph.add_node("summarize", node)
+    graph.add_edge(START, "summarize")
+    app = graph.compile()
+    turns = [HumanMessage(f"t{i}", id=f"t{i}") for i in range(4)]
+    with capture_decisions(guard) as seen:
+        first = app.invoke({"messages": turns})
+        for source, _ in guard.store.sources(100):
+            guard.store.evict(source.id)
+        more = [HumanMessage(f"u{i}", id=f"u{i}") for i in range(4)]
+        second = app.invoke({"messages": turns + more, "context": first["context"]})
+    assert [d.effect for d, _ in seen] == ["allow", "deny"]
+    assert second["context"]["running_summary"] is first["context"]["running_summary"]
+    assert [m.content for m in second["summarized_messages"][1:]] == [m.content for m in more]
