@@ -72,7 +72,8 @@ def run(out: TextIO, guard: Guard | None = None) -> list[Pass]:
     config = guard.record_source(CONFIG, kind="config_read", source_id="cfg-retry-ceiling")
     for turn in TURNS:
         guard.record_source(turn, kind="tool_output" if turn.startswith("tool") else "user_turn")
-    out.write("With policyhook (embedded policy 'default'), same summarizer:\n")
+    names = ", ".join(p.name for p in guard.policies.policies)
+    out.write(f"With policyhook (policies {names}, revision {guard.policies.revision}):\n")
     passes: list[Pass] = []
     window = [CONFIG, TURNS[0]]
     for number in range(1, 5):
@@ -111,6 +112,6 @@ def run(out: TextIO, guard: Guard | None = None) -> list[Pass]:
     confabulated = any("5" in message for message in window)
     out.write(
         f"\nThe confabulated '5' {'ENTERED' if confabulated else 'never entered'} the guarded "
-        "window; the refusals are UnsafeRecompactionError, with span and metrics for every pass.\n"
+        "window. Every pass was traced and counted (policyhook.guard span, policyhook.decisions).\n"
     )
     return passes
