@@ -2,18 +2,21 @@
 
 Record format, version 1 (`"v": 1`): decision_id, time (RFC 3339, UTC), revision, decision
 (allow | deny | would_deny), mode, policy, rule, message, trace_id and span_id (hex, empty when
-no span was recording), and the activation without any text. Lines are written whole under a
-lock, so many threads can share one log.
+no span was recording), and the activation — plain data, never region text or summaries,
+whatever content capture says. Each record is one line written by a single `write(2)` to a file
+opened for appending, under a lock: threads of a process never interleave, and processes appending
+to the same file on a local filesystem get whole lines too. `read` gives the records back.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from policyhook.policy import Decision
 
@@ -41,12 +44,12 @@ def record(
 
 
 class DecisionLog:
-    """Appends decision records to a JSONL file (line-buffered, one write per record)."""
+    """Appends decision records to a JSONL file, one whole line per decision."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
-        self._file: IO[str] = self.path.open("a", encoding="utf-8", buffering=1)
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def write(
         self,
@@ -55,13 +58,27 @@ class DecisionLog:
         trace_id: str = "",
         span_id: str = "",
     ) -> None:
+        """Append the record of one decision; raises ValueError once the log is closed."""
         line = json.dumps(record(decision, activation, trace_id, span_id), separators=(",", ":"))
+        data = (line + "\n").encode("utf-8")
         with self._lock:
-            self._file.write(line + "\n")
+            if self._fd is None:
+                raise ValueError(f"decision log {self.path} is closed")
+            written = os.write(self._fd, data)
+            while written < len(data):  # a regular file takes it whole; this is for the rest
+                written += os.write(self._fd, data[written:])
 
     def close(self) -> None:
         with self._lock:
-            self._file.close()
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def __enter__(self) -> DecisionLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def read(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:

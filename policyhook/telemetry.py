@@ -1,9 +1,15 @@
 """OpenTelemetry for every decision: one span and metric points, grant or refusal.
 
 Only the OpenTelemetry API is used, so the hook joins whatever TracerProvider and MeterProvider
-the host configured and costs next to nothing when there is none. Telemetry never raises into a
-summarize call: a failure here is logged and the call goes on. Region text is never recorded
-unless content capture is turned on (`capture_content=True` or POLICYHOOK_CAPTURE_CONTENT=true).
+the host configured and costs next to nothing when there is none (the SDK appears only in
+`policyhook.otel`, the optional setup helper). Telemetry never raises into a summarize call: a
+failing provider, tracer or instrument is logged and the call goes on. Region text and summaries
+are never recorded unless content capture is turned on (`capture_content=True` or
+POLICYHOOK_CAPTURE_CONTENT=true).
+
+Spans: `policyhook.guard` (one per decision, child of the caller's current span) and, for a
+granted call, `policyhook.summarize` inside it (the summarizer's own work). Metric names are an
+interface: dashboards and alert rules query their Prometheus forms (see the README).
 """
 
 from __future__ import annotations
@@ -11,13 +17,15 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from opentelemetry import metrics, trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 
+from policyhook.errors import UnsafeRecompactionError
 from policyhook.policy import Decision
 
 _logger = logging.getLogger(__name__)
@@ -63,7 +71,17 @@ _TRUE = ("1", "true", "yes", "on")
 
 
 def capture_content_from_env() -> bool:
+    """Whether POLICYHOOK_CAPTURE_CONTENT asks for region text and summaries on spans."""
     return os.environ.get(CAPTURE_CONTENT_ENV, "").strip().lower() in _TRUE
+
+
+#: The summarizer's exception last recorded on a `policyhook.summarize` span in this context, so
+#: the enclosing guard span marks it as failed without recording the same exception twice.
+_summarizer_error: ContextVar[int] = ContextVar("policyhook_summarizer_error", default=0)
+
+
+def _failed(what: str) -> None:
+    _logger.warning("policyhook: failed to %s; the call goes on without it", what, exc_info=True)
 
 
 class Telemetry:
@@ -79,8 +97,18 @@ class Telemetry:
         self.capture_content = (
             capture_content_from_env() if capture_content is None else capture_content
         )
-        self.tracer = trace.get_tracer(SCOPE, VERSION, tracer_provider=tracer_provider)
-        meter = metrics.get_meter(SCOPE, VERSION, meter_provider=meter_provider)
+        try:
+            self.tracer = trace.get_tracer(SCOPE, VERSION, tracer_provider=tracer_provider)
+        except Exception:
+            _failed("get a tracer (spans are off for this guard)")
+            self.tracer = trace.NoOpTracer()
+        try:
+            self._instruments(metrics.get_meter(SCOPE, VERSION, meter_provider=meter_provider))
+        except Exception:
+            _failed("create the metric instruments (metrics are off for this guard)")
+            self._instruments(metrics.NoOpMeter(SCOPE, VERSION))
+
+    def _instruments(self, meter: metrics.Meter) -> None:
         self.decisions = meter.create_counter(
             DECISIONS, unit="{decision}", description="Decisions made by the guard, by outcome."
         )
@@ -105,24 +133,95 @@ class Telemetry:
             POLICY_RELOADS, unit="{reload}", description="Policy reload attempts, by outcome."
         )
 
+    # -- spans ----------------------------------------------------------------------------------
+
     @contextmanager
     def guarded(self, summarizer: str) -> Iterator[Span]:
-        """The span of one guarded call, child of the caller's current span."""
-        with self.tracer.start_as_current_span(
+        """The span of one guarded call, child of the caller's current span.
+
+        A refusal is marked by `refused`. Any other exception leaving the call (the summarizer's,
+        or the guard's own) sets status ERROR and `error.type`; the summarizer's exception event
+        is on `policyhook.summarize`, so it is recorded here only when it came from elsewhere.
+        """
+        manager = self._start(
             SPAN_NAME,
             kind=SpanKind.INTERNAL,
             record_exception=False,
             set_status_on_exception=False,
-        ) as span:
-            yield span
+        )
+        with manager as span:
+            try:
+                yield span
+            except UnsafeRecompactionError:
+                raise
+            except Exception as error:
+                recorded = _summarizer_error.get() == id(error)
+                _summarizer_error.set(0)
+                self._error(span, error, record=not recorded)
+                raise
 
     @contextmanager
     def summarizing(self, summarizer: str) -> Iterator[Span]:
         """The summarizer's own work, as a child span; its exception is recorded and re-raised."""
-        with self.tracer.start_as_current_span(
-            SUMMARIZE_SPAN_NAME, attributes={"policyhook.summarizer": summarizer}
-        ) as span:
+        manager = self._start(
+            SUMMARIZE_SPAN_NAME,
+            kind=SpanKind.INTERNAL,
+            attributes={"policyhook.summarizer": summarizer},
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+        with manager as span:
+            try:
+                yield span
+            except Exception as error:
+                _summarizer_error.set(id(error))
+                self._error(span, error, record=True)
+                raise
+
+    @contextmanager
+    def _start(self, name: str, **options: Any) -> Iterator[Span]:
+        """`tracer.start_as_current_span`; a failing tracer costs the span, never the call.
+
+        The body's exception always propagates unchanged; errors of the tracer itself (starting
+        or ending the span) are logged.
+        """
+        try:
+            manager: AbstractContextManager[Span] = self.tracer.start_as_current_span(
+                name, **options
+            )
+            span = manager.__enter__()
+        except Exception:
+            _failed(f"start span {name}")
+            yield INVALID_SPAN
+            return
+        try:
             yield span
+        except BaseException as error:
+            try:
+                manager.__exit__(type(error), error, error.__traceback__)
+            except BaseException as other:
+                if other is not error:
+                    _failed(f"end span {name}")
+            raise
+        try:
+            manager.__exit__(None, None, None)
+        except Exception:
+            _failed(f"end span {name}")
+
+    def _error(self, span: Span, error: BaseException, *, record: bool) -> None:
+        """Status ERROR and `error.type`, as OpenTelemetry's own instrumentations do."""
+        try:
+            if not span.is_recording():
+                return
+            kind = type(error).__qualname__
+            span.set_status(Status(StatusCode.ERROR, f"{kind}: {error}"))
+            span.set_attribute("error.type", kind)
+            if record:
+                span.record_exception(error)
+        except Exception:
+            _failed("record an exception on a span")
+
+    # -- one decision ---------------------------------------------------------------------------
 
     def decided(
         self,
@@ -134,88 +233,94 @@ class Telemetry:
     ) -> None:
         """Record one decision on the span and the metrics. Never raises."""
         try:
-            self._decided(span, decision, activation, seconds, content)
+            self._traced(span, decision, activation, content)
         except Exception:
-            _logger.warning("policyhook: failed to record telemetry", exc_info=True)
+            _failed("record the decision on its span")
+        try:
+            self._counted(decision, activation, seconds)
+        except Exception:
+            _failed("record the decision's metrics")
 
-    def _decided(
+    def _traced(
         self,
         span: Span,
         decision: Decision,
         activation: Mapping[str, Any],
-        seconds: float,
         content: str | None,
     ) -> None:
-        region, request, summarizer = (
-            activation["region"],
-            activation["request"],
-            activation["summarizer"],
+        if not span.is_recording():
+            return
+        region, request = activation["region"], activation["request"]
+        span.set_attributes(
+            {
+                "policyhook.decision": decision.effect,
+                "policyhook.decision_id": decision.decision_id,
+                "policyhook.mode": decision.mode,
+                "policyhook.policy": decision.policy,
+                "policyhook.rule": decision.rule,
+                "policyhook.trigger": request["trigger"],
+                "policyhook.summarizer": activation["summarizer"]["name"],
+                "policyhook.region.kind": region["kind"],
+                "policyhook.region.depth": region["depth"],
+                "policyhook.region.sources": len(region["sources"]),
+                "policyhook.region.live_sources": len(region["live_sources"]),
+                "policyhook.region.dead_sources": len(region["dead_sources"]),
+                "policyhook.policy.revision": decision.revision,
+                "policyhook.window.id": activation["window"]["id"],
+            }
         )
-        if span.is_recording():
-            span.set_attributes(
-                {
-                    "policyhook.decision": decision.effect,
-                    "policyhook.decision_id": decision.decision_id,
-                    "policyhook.mode": decision.mode,
-                    "policyhook.policy": decision.policy,
-                    "policyhook.rule": decision.rule,
-                    "policyhook.trigger": request["trigger"],
-                    "policyhook.summarizer": summarizer["name"],
-                    "policyhook.region.kind": region["kind"],
-                    "policyhook.region.depth": region["depth"],
-                    "policyhook.region.sources": len(region["sources"]),
-                    "policyhook.region.live_sources": len(region["live_sources"]),
-                    "policyhook.region.dead_sources": len(region["dead_sources"]),
-                    "policyhook.policy.revision": decision.revision,
-                    "policyhook.window.id": activation["window"]["id"],
-                }
-            )
-            if decision.message:
-                span.set_attribute("policyhook.message", decision.message)
-            if self.capture_content and content is not None:
-                span.set_attribute("policyhook.region.text", content)
-        attributes = {
-            "decision": decision.effect,
-            "policy": decision.policy,
-            "rule": decision.rule,
-            "mode": decision.mode,
-            "trigger": request["trigger"],
-            "summarizer": summarizer["name"],
-            "region_kind": region["kind"],
-            "dead_sources": "true" if region["dead_sources"] else "false",
-        }
-        self.decisions.add(1, attributes)
+        if decision.message:
+            span.set_attribute("policyhook.message", decision.message)
+        if self.capture_content and content is not None:
+            span.set_attribute("policyhook.region.text", content)
+
+    def _counted(self, decision: Decision, activation: Mapping[str, Any], seconds: float) -> None:
+        region, summarizer = activation["region"], activation["summarizer"]["name"]
+        self.decisions.add(
+            1,
+            {
+                "decision": decision.effect,
+                "policy": decision.policy,
+                "rule": decision.rule,
+                "mode": decision.mode,
+                "trigger": activation["request"]["trigger"],
+                "summarizer": summarizer,
+                "region_kind": region["kind"],
+                "dead_sources": "true" if region["dead_sources"] else "false",
+            },
+        )
         self.duration.record(
-            seconds,
-            {"decision": decision.effect, "mode": decision.mode, "summarizer": summarizer["name"]},
+            seconds, {"decision": decision.effect, "mode": decision.mode, "summarizer": summarizer}
         )
-        self.depth.record(
-            region["depth"], {"decision": decision.effect, "summarizer": summarizer["name"]}
-        )
+        self.depth.record(region["depth"], {"decision": decision.effect, "summarizer": summarizer})
         for error in decision.errors:
             outcome = "deny" if error in decision.violations else "allow"
             self.errors.add(1, {"policy": error.policy, "rule": error.rule, "outcome": outcome})
 
-    def refused(self, span: Span, error: BaseException) -> None:
-        """Mark the span of a refused call. Never raises."""
+    def refused(self, span: Span, error: UnsafeRecompactionError) -> None:
+        """Mark the span of a refused call: status ERROR, `error.type`, exception event."""
         try:
+            if not span.is_recording():
+                return
             span.set_status(Status(StatusCode.ERROR, str(error)))
             span.set_attribute("error.type", type(error).__name__)
             span.record_exception(error)
         except Exception:
-            _logger.warning("policyhook: failed to record telemetry", exc_info=True)
+            _failed("record a refusal on its span")
 
     def summarized(self, span: Span, output: str | None) -> None:
         """Attach the summarizer's output to the span, only when content capture is on."""
-        if self.capture_content and output is not None and span.is_recording():
-            try:
+        if not self.capture_content or output is None:
+            return
+        try:
+            if span.is_recording():
                 span.set_attribute("policyhook.summary.text", output)
-            except Exception:
-                _logger.warning("policyhook: failed to record telemetry", exc_info=True)
+        except Exception:
+            _failed("record the summary on its span")
 
     def reloaded(self, outcome: str, revision: str) -> None:
         """Count one policy reload attempt. Never raises."""
         try:
             self.reloads.add(1, {"outcome": outcome, "revision": revision})
         except Exception:
-            _logger.warning("policyhook: failed to record telemetry", exc_info=True)
+            _failed("count a policy reload")
