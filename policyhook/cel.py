@@ -182,11 +182,23 @@ def references(tree: lark.Tree[Any]) -> Iterator[Reference]:
 
 
 def comparisons(tree: lark.Tree[Any]) -> Iterator[Comparison]:
-    """Comparisons whose both operands are a plain field reference or a literal."""
+    """Comparisons whose both operands are a plain field reference or a literal.
+
+    cel-python's grammar nests the left operand in the operator's node:
+    `relation(relation_gt(relation(<left>)), addition(<right>))`. `in` is not a comparison.
+    """
     for node in tree.iter_subtrees():
-        if not node.data.startswith("relation_") or len(node.children) != 2:
+        if node.data != "relation" or len(node.children) != 2:
             continue
-        sides = [_operand(c) for c in node.children]
+        operator = node.children[0]
+        if (
+            not isinstance(operator, lark.Tree)
+            or not operator.data.startswith("relation_")
+            or operator.data == "relation_in"
+            or len(operator.children) != 1
+        ):
+            continue
+        sides = [_operand(operator.children[0]), _operand(node.children[1])]
         if sides[0] is None or sides[1] is None:
             continue
         (left, left_field, line, col), (right, right_field, _, _) = sides[0], sides[1]
@@ -260,6 +272,12 @@ def _reason(exc: BaseException) -> str:
     return str(args[0]) if isinstance(args, tuple) and args else str(exc)
 
 
+def _uses_has(tree: lark.Tree[Any]) -> bool:
+    return any(
+        node.data == "ident_arg" and str(node.children[0]) == "has" for node in tree.iter_subtrees()
+    )
+
+
 class CelPythonBackend:
     """cel-python with its compiled runner (transpiled to Python, ~5x the interpreter's speed)."""
 
@@ -269,6 +287,10 @@ class CelPythonBackend:
         tree = parse(source)
         with _lock:
             try:
+                if _uses_has(tree):
+                    # The compiled runner transpiles has() to a Python bool that `!`, `&&` and
+                    # `||` then reject ("no such overload"); the interpreter gets it right.
+                    return _CelPyProgram(celpy.InterpretedRunner(_environment(), tree))
                 return _CelPyProgram(_environment().program(tree))
             except Exception as exc:
                 raise CompileError(f"cannot compile: {exc}") from None

@@ -1,0 +1,490 @@
+"""Conformance: every CEL backend gives the same decisions, rules and error outcomes.
+
+Each case is decided by cel-python and by cel-expr-python (`policyhook[fast]`) and the outcomes
+are compared field by field. Error texts are backend-specific and not compared; whether an error
+happened, where (policy, rule) and what failurePolicy made of it are. With CI=true a missing
+cel-expr-python fails the run instead of skipping it, so CI always checks both backends.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from policyhook import activation as schema
+from policyhook import cel
+from policyhook.errors import PolicyError
+from policyhook.policy import Decision, PolicySet, compile_sources, load_default
+from policyhook.provenance import Region
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in _TRUE
+
+
+def _by_name(name: str) -> cel.Backend:
+    return next(b for b in cel.available_backends() if b.name == name)
+
+
+@pytest.fixture
+def slow() -> cel.Backend:
+    """cel-python, the reference backend."""
+    return _by_name(cel.CEL_PYTHON)
+
+
+@pytest.fixture
+def fast() -> cel.Backend:
+    """cel-expr-python; missing is a skip locally and a failure in CI."""
+    if not cel.fast_backend_installed():
+        message = "cel-expr-python is not installed: pip install 'policyhook[fast]'"
+        if _in_ci():
+            pytest.fail(f"CI must test both CEL backends; {message}")
+        pytest.skip(message)
+    return _by_name(cel.CEL_EXPR_PYTHON)
+
+
+@pytest.fixture
+def no_backend_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Backend selection tests start from no POLICYHOOK_CEL_BACKEND in the environment."""
+    monkeypatch.delenv(cel.BACKEND_ENV, raising=False)
+
+
+def activation(
+    depth: int = 1,
+    sources: tuple[str, ...] = ("cfg-1", "tool-2"),
+    dead: tuple[str, ...] = (),
+    lossless: bool = False,
+    idempotent: bool = False,
+    trigger: str = "automatic",
+    pressure: float = 0.5,
+) -> dict[str, dict[str, Any]]:
+    region = Region(
+        id=f"r-{depth}-{len(sources)}",
+        depth=depth,
+        sources=frozenset(sources),
+        source_kinds=frozenset({"config_read"} if sources else set()),
+        chars=400,
+    )
+    return schema.build(
+        region,
+        frozenset(sources) - frozenset(dead),
+        trigger=trigger,
+        budget_pressure=pressure,
+        attempt=1,
+        window_id="w-1",
+        window_tokens=900,
+        window_budget=1000,
+        window_max_depth=depth,
+        summarizer="conversation-summary",
+        lossless=lossless,
+        idempotent=idempotent,
+    )
+
+
+def outcome(decision: Decision) -> dict[str, Any]:
+    """What must not depend on the backend: everything but error texts and the random id."""
+    errored = bool(decision.errors) and decision.rule in {e.rule for e in decision.errors}
+    return {
+        "effect": decision.effect,
+        "policy": decision.policy,
+        "rule": decision.rule,
+        "mode": decision.mode,
+        "message": None if errored else decision.message,
+        "violations": [
+            (v.policy, v.rule, v.mode, v.error is not None, None if v.error else v.message)
+            for v in decision.violations
+        ],
+        "errors": [(e.policy, e.rule) for e in decision.errors],
+        "revision": decision.revision,
+        "region": (decision.region_id, decision.depth, decision.dead_sources),
+    }
+
+
+def explained(decision: Decision) -> list[dict[str, Any]]:
+    """The explanation with error texts replaced by a marker."""
+    reports = []
+    for report in decision.explanation:
+        copy = dict(report)
+        if "error" in copy:
+            copy["error"] = str(copy["error"]).split(":")[0]  # "variable x" / "matchCondition y"
+        if "rules" in copy:
+            copy["rules"] = [{**r, "error": "…"} if "error" in r else r for r in copy["rules"]]
+        reports.append(copy)
+    return reports
+
+
+def compile_both(text: str, slow: cel.Backend, fast: cel.Backend) -> tuple[PolicySet, PolicySet]:
+    sources = [("policy.yaml", text)]
+    return (
+        compile_sources(sources, backend=slow, force_audit=False),
+        compile_sources(sources, backend=fast, force_audit=False),
+    )
+
+
+def assert_same(
+    policies: tuple[PolicySet, PolicySet], act: Mapping[str, Any]
+) -> tuple[Decision, Decision]:
+    first = policies[0].decide(act, explain=True)
+    second = policies[1].decide(act, explain=True)
+    assert outcome(first) == outcome(second)
+    assert explained(first) == explained(second)
+    return first, second
+
+
+def policy(rules: str, *, failure: str = "deny", extra: str = "", mode: str = "enforce") -> str:
+    return f"""
+apiVersion: policyhook.dev/v1
+kind: CompactionPolicy
+metadata:
+  name: p
+spec:
+  mode: {mode}
+  failurePolicy: {failure}
+{extra}
+  rules:
+{rules}
+"""
+
+
+def rule(expression: str, name: str = "r", message: str = "m", message_expr: str = "") -> str:
+    text = f"    - name: {name}\n      expression: {expression!r}\n      message: {message}\n"
+    if message_expr:
+        text += f"      messageExpression: {message_expr!r}\n"
+    return text
+
+
+GRID = list(
+    itertools.product(
+        (0, 1, 2, 5),  # depth
+        ((), ("cfg-1",), ("cfg-1", "tool-2", "turn-3")),  # sources
+        ("none", "some", "all"),  # which sources are dead
+        (False, True),  # lossless
+        (False, True),  # idempotent
+        ("automatic", "manual"),
+    )
+)
+
+
+class TestDefaultPolicy:
+    @pytest.mark.parametrize(
+        ("depth", "sources", "dead", "lossless", "idempotent", "trigger"),
+        GRID,
+        ids=lambda v: str(v) if not isinstance(v, tuple) else f"{len(v)}src",
+    )
+    def test_grid_decides_identically(
+        self,
+        slow: cel.Backend,
+        fast: cel.Backend,
+        depth: int,
+        sources: tuple[str, ...],
+        dead: str,
+        lossless: bool,
+        idempotent: bool,
+        trigger: str,
+        no_force_audit: None,
+    ) -> None:
+        """The default policy gives the same decision, rule and message on every backend."""
+        gone = {"none": (), "some": sources[:1], "all": sources}[dead]
+        act = activation(depth, sources, gone, lossless, idempotent, trigger)
+        policies = (load_default(backend=slow), load_default(backend=fast))
+        first, _ = assert_same(policies, act)
+        expected_deny = (
+            depth > 0 and not lossless and not idempotent and (bool(gone) or not sources)
+        )
+        assert first.effect == ("deny" if expected_deny else "allow")
+
+    def test_refusal_message_is_the_message_expression(
+        self, slow: cel.Backend, fast: cel.Backend, no_force_audit: None
+    ) -> None:
+        """Both backends build the same refusal text from the messageExpression."""
+        act = activation(depth=3, sources=("a", "b", "c"), dead=("b",))
+        first, second = assert_same((load_default(backend=slow), load_default(backend=fast)), act)
+        assert first.message == second.message
+        assert first.message.startswith("re-summarizing a depth-3 summary with 1 of 3 sources")
+
+
+ERRORS = {
+    "missing-key": '{"a": 1}.b == 1',
+    "missing-index": "region.sources[7] == 'x'",
+    "no-such-overload": 'region.depth + "x" == "x"',
+    "division-by-zero": "region.depth / 0 == 1",
+    "modulo-by-zero": "region.depth % 0 == 1",
+    "overflow": "region.depth + 9223372036854775807 > 0",
+    "bad-conversion": "int(region.kind) == 1",
+    "non-bool-int": "region.depth",
+    "non-bool-string": "region.kind",
+    "non-bool-list": "region.sources",
+}
+
+
+class TestErrors:
+    @pytest.mark.parametrize("failure", ["deny", "allow"])
+    @pytest.mark.parametrize("expression", list(ERRORS.values()), ids=list(ERRORS))
+    def test_rule_error_reaches_failure_policy(
+        self,
+        slow: cel.Backend,
+        fast: cel.Backend,
+        expression: str,
+        failure: str,
+        no_force_audit: None,
+    ) -> None:
+        """A rule that cannot be evaluated is an error on both backends, decided by failurePolicy."""
+        text = policy(rule(expression, "broken") + rule("true", "fine"), failure=failure)
+        first, _ = assert_same(compile_both(text, slow, fast), activation(depth=2))
+        assert [e.rule for e in first.errors] == ["broken"]
+        assert first.effect == ("deny" if failure == "deny" else "allow")
+
+    @pytest.mark.parametrize("expression", list(ERRORS.values()), ids=list(ERRORS))
+    def test_program_raises_evaluation_error(self, backend: cel.Backend, expression: str) -> None:
+        """Errors are raised as EvaluationError, never returned as a (truthy) value."""
+        context = backend.context(activation(depth=2))
+        program = backend.compile(expression)
+        try:
+            result = backend.to_python(program.evaluate(context))
+        except cel.EvaluationError:
+            return
+        assert not isinstance(result, bool), f"{expression!r} gave {result!r}"
+
+    def test_short_circuit_hides_errors_alike(
+        self, slow: cel.Backend, fast: cel.Backend, no_force_audit: None
+    ) -> None:
+        """`true || error` and `error || true` hold on both backends (CEL's commutative ||)."""
+        rules = rule("region.depth > 0 || 1 / 0 == 1", "a") + rule("1 / 0 == 1 || true", "b")
+        rules += rule("1 / 0 == 1 && false", "c", message="c fails")
+        first, _ = assert_same(compile_both(policy(rules), slow, fast), activation(depth=1))
+        assert (first.effect, first.rule, first.errors) == ("deny", "c", ())
+
+    @pytest.mark.parametrize("failure", ["deny", "allow"])
+    def test_variable_error(
+        self, slow: cel.Backend, fast: cel.Backend, failure: str, no_force_audit: None
+    ) -> None:
+        """A variable that fails to evaluate stops its policy the same way on both backends."""
+        extra = "  variables:\n    - name: ratio\n      expression: region.chars / 0\n"
+        text = policy(rule("variables.ratio > 1"), failure=failure, extra=extra)
+        first, _ = assert_same(compile_both(text, slow, fast), activation())
+        assert [e.rule for e in first.errors] == ["variables.ratio"]
+        assert first.effect == ("deny" if failure == "deny" else "allow")
+
+    @pytest.mark.parametrize("failure", ["deny", "allow"])
+    @pytest.mark.parametrize("condition", ["region.chars / 0 > 1", "region.depth"])
+    def test_match_condition_error(
+        self,
+        slow: cel.Backend,
+        fast: cel.Backend,
+        failure: str,
+        condition: str,
+        no_force_audit: None,
+    ) -> None:
+        """A failing or non-bool matchCondition is an error with the same outcome everywhere."""
+        extra = f"  matchConditions:\n    - name: scope\n      expression: {condition!r}\n"
+        text = policy(rule("false"), failure=failure, extra=extra)
+        first, _ = assert_same(compile_both(text, slow, fast), activation())
+        assert [e.rule for e in first.errors] == ["matchConditions.scope"]
+
+
+class TestPolicyFeatures:
+    @pytest.mark.parametrize("lossless", [False, True])
+    def test_match_conditions(
+        self, slow: cel.Backend, fast: cel.Backend, lossless: bool, no_force_audit: None
+    ) -> None:
+        """A policy whose matchCondition is false is skipped on both backends."""
+        extra = "  matchConditions:\n    - name: lossy\n      expression: '!summarizer.lossless'\n"
+        text = policy(rule("false", "never"), extra=extra)
+        first, _ = assert_same(compile_both(text, slow, fast), activation(lossless=lossless))
+        assert first.effect == ("allow" if lossless else "deny")
+
+    def test_variables_chain(
+        self, slow: cel.Backend, fast: cel.Backend, no_force_audit: None
+    ) -> None:
+        """Variables see earlier variables, hold lists and doubles, and read the same everywhere."""
+        extra = (
+            "  variables:\n"
+            "    - name: gone\n      expression: region.dead_sources\n"
+            "    - name: share\n"
+            "      expression: double(size(variables.gone)) / double(size(region.sources))\n"
+            "    - name: deep\n      expression: region.depth >= 2\n"
+        )
+        rules = rule("!variables.deep || variables.share < 0.5", "share")
+        rules += rule('variables.gone.all(s, s.startsWith("tool"))', "tools-only")
+        text = policy(rules, extra=extra)
+        policies = compile_both(text, slow, fast)
+        for dead in ((), ("tool-2",), ("cfg-1",), ("cfg-1", "tool-2")):
+            first, _ = assert_same(policies, activation(depth=2, dead=dead))
+            assert first.explanation[0]["variables"]["gone"] == sorted(dead)
+
+    @pytest.mark.parametrize(
+        "message_expr",
+        [
+            '"depth " + string(region.depth) + " of " + region.id',
+            "region.kind + ': ' + string(size(region.dead_sources)) + ' dead'",
+            "1 / 0 == 1",  # an error: falls back to the message
+            "region.depth",  # not a string: falls back to the message
+            "''",  # empty: falls back to the message
+            "region.sources.map(s, s + '!').filter(s, s != 'x!')[0]",
+        ],
+    )
+    def test_message_expression(
+        self, slow: cel.Backend, fast: cel.Backend, message_expr: str, no_force_audit: None
+    ) -> None:
+        """messageExpression gives the same text, or the same fallback, on both backends."""
+        text = policy(rule("false", message="static text", message_expr=message_expr))
+        first, _ = assert_same(compile_both(text, slow, fast), activation(depth=2))
+        assert first.message
+
+    @pytest.mark.parametrize("mode", ["audit", "warn"])
+    def test_modes(
+        self, slow: cel.Backend, fast: cel.Backend, mode: str, no_force_audit: None
+    ) -> None:
+        """Audit and warn modes turn a denial into would_deny on both backends."""
+        text = policy(rule("false"), mode=mode)
+        first, _ = assert_same(compile_both(text, slow, fast), activation())
+        assert first.effect == "would_deny"
+
+    @pytest.mark.parametrize(
+        "expression",
+        [
+            "region.sources.exists_one(s, s == 'cfg-1')",
+            "region.sources.exists(s, s in region.live_sources)",
+            "'config_read' in region.source_kinds",
+            "region.id.matches('^r-[0-9]+')",
+            "request.budget_pressure * 2.0 <= 1.0",
+            "window.tokens < window.budget && window.max_depth >= 0",
+            "has(region.depth) && has({'a': 1}.a)",
+            "!has({'a': 1}.b) && !has(region.depth) == false",
+            "has({'a': 1}.b) || region.depth > 0",
+            "size(region.id) > 2 && region.id.contains('-') && region.id.endsWith('2')",
+            "region.depth * 2 - 1 >= region.depth && -region.depth < 0",
+            "[1, 2, 3].map(x, x * region.depth)[2] == 3 * region.depth",
+            "{'a': region.depth}['a'] == region.depth",
+            "region.depth > 1 ? request.trigger == 'manual' : true",
+        ],
+    )
+    @pytest.mark.parametrize("depth", [1, 2])
+    @pytest.mark.parametrize("trigger", ["automatic", "manual"])
+    def test_expressions(
+        self,
+        slow: cel.Backend,
+        fast: cel.Backend,
+        expression: str,
+        depth: int,
+        trigger: str,
+        no_force_audit: None,
+    ) -> None:
+        """Macros, strings, maps, ternaries and has() evaluate identically on both backends."""
+        text = policy(rule(expression))
+        assert_same(compile_both(text, slow, fast), activation(depth=depth, trigger=trigger))
+
+    def test_int_double_comparison_is_rejected_at_load(self, backend: cel.Backend) -> None:
+        """Mixed int/double comparisons, where the backends' CEL versions differ, never load."""
+        with pytest.raises(PolicyError, match="cannot compare"):
+            compile_sources([("p.yaml", policy(rule("region.depth > 1.5")))], backend=backend)
+
+    def test_syntax_error_is_located(self, backend: cel.Backend) -> None:
+        """A syntax error is a CompileError with a 1-based line and column on every backend."""
+        with pytest.raises(cel.CompileError) as raised:
+            backend.compile("region.depth >")
+        assert raised.value.line == 1
+        assert raised.value.column in (14, 15)  # the last token or the end of input
+
+
+class TestKnownDifferences:
+    """Where cel-python departs from the CEL spec, pinned so a change is noticed and documented.
+
+    Each is an error on cel-python (so failurePolicy decides) and a value on cel-expr-python.
+    """
+
+    @pytest.mark.parametrize(
+        "expression",
+        [
+            "dyn(region.depth) < 1.5",  # CEL's heterogeneous numeric comparison
+        ],
+    )
+    def test_error_only_on_cel_python(
+        self, slow: cel.Backend, fast: cel.Backend, expression: str
+    ) -> None:
+        """cel-python raises EvaluationError where cel-expr-python gives a bool."""
+        act = activation(depth=1)
+        with pytest.raises(cel.EvaluationError):
+            slow.compile(expression).evaluate(slow.context(act))
+        result = fast.to_python(fast.compile(expression).evaluate(fast.context(act)))
+        assert isinstance(result, bool)
+
+
+class TestSelection:
+    def test_auto_selects_fast_when_installed(
+        self, fast: cel.Backend, no_backend_env: None
+    ) -> None:
+        """With no override, the default backend is cel-expr-python when it is installed."""
+        assert cel.default_backend().name == cel.CEL_EXPR_PYTHON
+
+    def test_auto_falls_back_to_cel_python(
+        self, monkeypatch: pytest.MonkeyPatch, no_backend_env: None
+    ) -> None:
+        """Without the fast extra, the default backend is cel-python."""
+        monkeypatch.setattr(cel, "fast_backend_installed", lambda: False)
+        assert cel.default_backend().name == cel.CEL_PYTHON
+        assert [b.name for b in cel.available_backends()] == [cel.CEL_PYTHON]
+
+    @pytest.mark.parametrize("name", [cel.CEL_PYTHON, cel.CEL_EXPR_PYTHON])
+    def test_env_var_overrides(
+        self, monkeypatch: pytest.MonkeyPatch, fast: cel.Backend, name: str
+    ) -> None:
+        """POLICYHOOK_CEL_BACKEND picks the backend, whatever is installed."""
+        monkeypatch.setenv(cel.BACKEND_ENV, name.upper())
+        assert cel.default_backend().name == name
+
+    def test_env_var_unknown_name(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """An unknown backend name is an error naming the variable and the value."""
+        monkeypatch.setenv(cel.BACKEND_ENV, "cel-go")
+        with pytest.raises(ValueError, match=r"POLICYHOOK_CEL_BACKEND.*'cel-go'"):
+            cel.default_backend()
+
+    def test_env_var_names_missing_fast_backend(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Asking for cel-expr-python when it is not installed says how to install it."""
+        monkeypatch.setattr(cel, "fast_backend_installed", lambda: False)
+        monkeypatch.setenv(cel.BACKEND_ENV, cel.CEL_EXPR_PYTHON)
+        with pytest.raises(ValueError, match=r"policyhook\[fast\]"):
+            cel.default_backend()
+
+    def test_available_backends_are_distinct(self) -> None:
+        """available_backends lists each installed backend once, cel-python first."""
+        names = [b.name for b in cel.available_backends()]
+        assert names[0] == cel.CEL_PYTHON
+        assert len(names) == len(set(names))
+        if _in_ci():
+            assert cel.CEL_EXPR_PYTHON in names
+
+
+class TestThreads:
+    def test_concurrent_decisions_match_serial(
+        self, backend: cel.Backend, no_force_audit: None
+    ) -> None:
+        """Decisions made from several threads at once equal the same decisions made serially."""
+        policies = load_default(backend=backend)
+        cases = [
+            activation(d, s, s[:k])
+            for d, s, k in itertools.product((0, 1, 3), (("a",), ("a", "b", "c")), (0, 1))
+        ]
+        expected = [outcome(policies.decide(a)) for a in cases]
+        failures: list[str] = []
+
+        def worker(offset: int) -> None:
+            for i in range(300):
+                index = (i + offset) % len(cases)
+                got = outcome(policies.decide(cases[index]))
+                if got != expected[index]:
+                    failures.append(f"case {index}: {got} != {expected[index]}")
+
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert failures == []
