@@ -1,0 +1,209 @@
+"""The decision log: whole lines from many threads and processes, no text, trace ids, and `read`."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import policyhook
+from policyhook import decisionlog
+from policyhook.decisionlog import FORMAT_VERSION, DecisionLog
+from policyhook.policy import Decision
+
+RECORD_KEYS = {
+    "v",
+    "decision_id",
+    "time",
+    "revision",
+    "decision",
+    "mode",
+    "policy",
+    "rule",
+    "message",
+    "trace_id",
+    "span_id",
+    "activation",
+}
+ACTIVATION = {
+    "region": {"id": "r:1", "kind": "summary", "depth": 2, "sources": ["cfg-42"]},
+    "request": {"trigger": "automatic", "budget_pressure": 0.5, "attempt": 1},
+    "window": {"id": "w", "tokens": 0, "budget": 0, "max_depth": 2},
+    "summarizer": {"name": "s", "lossless": False, "idempotent": False},
+}
+
+
+def decision(n: int, effect: str = "deny") -> Decision:
+    return Decision(
+        decision_id=f"{n:032x}",
+        effect=effect,
+        revision="rev-1",
+        region_id="r:1",
+        depth=2,
+        dead_sources=("cfg-42",),
+        policy="default",
+        rule="live-sources",
+        message="re-summarizing a summary whose sources are gone " + "x" * 2000,  # > pipe buffer
+        mode="enforce",
+    )
+
+
+class TestWriting:
+    def test_many_threads_write_whole_lines(self, tmp_path: Path) -> None:
+        """16 threads x 300 decisions → 4800 well-formed records, every decision id once."""
+        path = tmp_path / "decisions.jsonl"
+        log = DecisionLog(path)
+        threads_n, each = 16, 300
+        barrier = threading.Barrier(threads_n)
+
+        def work(t: int) -> None:
+            barrier.wait()
+            for i in range(each):
+                log.write(decision(t * each + i), ACTIVATION, "ab" * 16, "cd" * 8)
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(threads_n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        log.close()
+        records = [r for _, r in decisionlog.read(path)]
+        assert len(records) == threads_n * each
+        assert len({r["decision_id"] for r in records}) == threads_n * each
+        assert len(path.read_text().splitlines()) == threads_n * each
+
+    def test_processes_appending_to_one_file_write_whole_lines(self, tmp_path: Path) -> None:
+        """4 processes x 200 decisions appending to one log → 800 whole records."""
+        path = tmp_path / "shared.jsonl"
+        code = textwrap.dedent(
+            f"""
+            import sys
+            sys.path.insert(0, {str(Path(__file__).parent)!r})
+            from test_decisionlog import ACTIVATION, decision
+            from policyhook.decisionlog import DecisionLog
+            worker = int(sys.argv[1])
+            with DecisionLog({str(path)!r}) as log:
+                for i in range(200):
+                    log.write(decision(worker * 1000 + i), ACTIVATION)
+            """
+        )
+        workers = [subprocess.Popen([sys.executable, "-c", code, str(n)]) for n in range(4)]
+        assert [w.wait(60) for w in workers] == [0, 0, 0, 0]
+        records = [r for _, r in decisionlog.read(path)]
+        assert len(records) == 800
+        assert len({r["decision_id"] for r in records}) == 800
+
+    def test_record_format_v1(self, tmp_path: Path) -> None:
+        """A record has exactly the documented v1 keys, an RFC 3339 UTC time and the activation."""
+        path = tmp_path / "one.jsonl"
+        with DecisionLog(path) as log:
+            log.write(
+                decision(7), ACTIVATION, "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+            )
+        ((number, record),) = list(decisionlog.read(path))
+        assert number == 1
+        assert set(record) == RECORD_KEYS
+        assert record["v"] == FORMAT_VERSION == 1
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", record["time"])
+        assert record["decision"] == "deny" and record["mode"] == "enforce"
+        assert record["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
+        assert record["span_id"] == "b7ad6b7169203331"
+        assert record["activation"] == ACTIVATION
+
+    def test_writing_after_close_is_an_error_the_guard_survives(
+        self, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """write() after close() raises ValueError; a guard whose log is closed still summarizes."""
+        log = DecisionLog(tmp_path / "closed.jsonl")
+        log.close()
+        log.close()  # twice is fine
+        with pytest.raises(ValueError, match="closed"):
+            log.write(decision(1), ACTIVATION)
+        guard = policyhook.Guard(decision_log=log)
+
+        @guard(summarizer="s")
+        def summarize(text: str) -> str:
+            return "a summary of the turn"
+
+        assert summarize("an original turn") == "a summary of the turn"
+        assert "failed to write the decision log" in caplog.text
+
+
+class TestFromTheGuard:
+    def test_guard_records_carry_the_span_ids_and_no_text(self, tmp_path: Path) -> None:
+        """Each guarded call logs one record whose trace/span ids are its policyhook.guard span's."""
+        spans = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(spans))
+        guard = policyhook.Guard(tracer_provider=provider, decision_log=tmp_path / "log.jsonl")
+        secret = "password=hunter2-correct-horse-battery-staple"
+
+        @guard(summarizer="s")
+        def summarize(text: str) -> str:
+            return f"a summary that repeats {secret}"
+
+        guard.record_source(f"the config says {secret}", kind="config_read", source_id="cfg")
+        first = summarize(f"the config says {secret}")
+        guard.store.evict("cfg")
+        with pytest.raises(policyhook.UnsafeRecompactionError) as refused:
+            summarize(first)
+        guard.close()
+        text = (tmp_path / "log.jsonl").read_text()
+        assert "hunter2" not in text and "the config says" not in text
+        records = [r for _, r in decisionlog.read(tmp_path / "log.jsonl")]
+        by_span = {f"{s.context.span_id:016x}": s for s in spans.get_finished_spans()}
+        assert [r["decision"] for r in records] == ["allow", "deny"]
+        assert records[1]["decision_id"] == refused.value.decision_id
+        for record in records:
+            span = by_span[record["span_id"]]
+            assert span.name == "policyhook.guard"
+            assert record["trace_id"] == f"{span.context.trace_id:032x}"
+            assert dict(span.attributes or {})["policyhook.decision_id"] == record["decision_id"]
+
+    def test_without_a_recording_span_the_ids_are_empty(self, tmp_path: Path) -> None:
+        """With no tracer provider configured, trace_id and span_id are empty strings."""
+        guard = policyhook.Guard(decision_log=tmp_path / "log.jsonl")
+        guard.check("an original turn", summarizer="s")
+        guard.close()
+        ((_, record),) = list(decisionlog.read(tmp_path / "log.jsonl"))
+        assert (record["trace_id"], record["span_id"]) == ("", "")
+
+
+class TestReading:
+    def test_read_yields_line_numbers_and_skips_blank_lines(self, tmp_path: Path) -> None:
+        """read() gives (line number, record), counting blank lines but not yielding them."""
+        path = tmp_path / "log.jsonl"
+        line = json.dumps(decisionlog.record(decision(1), ACTIVATION))
+        path.write_text(f"{line}\n\n{line}\n")
+        assert [n for n, _ in decisionlog.read(path)] == [1, 3]
+
+    @pytest.mark.parametrize(
+        ("bad", "message"),
+        [
+            ("{not json", r"log\.jsonl:2: not a JSON record"),
+            ('["a", "list"]', r"log\.jsonl:2: not a decision record \(no activation\)"),
+            (
+                '{"v": 2, "activation": {}}',
+                r"log\.jsonl:2: record format v=2, this version reads v=1",
+            ),
+        ],
+    )
+    def test_a_bad_line_is_named_by_path_and_number(
+        self, tmp_path: Path, bad: str, message: str
+    ) -> None:
+        """A line that is not a v1 record raises ValueError naming path:line."""
+        path = tmp_path / "log.jsonl"
+        path.write_text(json.dumps(decisionlog.record(decision(1), ACTIVATION)) + "\n" + bad + "\n")
+        records = decisionlog.read(path)
+        assert next(records)[0] == 1
+        with pytest.raises(ValueError, match=message):
+            next(records)
