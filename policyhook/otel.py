@@ -128,6 +128,8 @@ def configure(
     resource_attributes: Mapping[str, str] | None = None,
     export_timeout: float = 2.0,
     metric_export_interval: float | None = None,
+    traces: bool | None = None,
+    metrics: bool | None = None,
     set_global: bool = True,
 ) -> Setup:
     """Set up OTLP export of spans and metrics; returns a `Setup` whose `shutdown()` to call.
@@ -143,6 +145,8 @@ def configure(
       OTEL_RESOURCE_ATTRIBUTES, wins, so an operator can rename a service without code.
       `resource_attributes` are merged under OTEL_RESOURCE_ATTRIBUTES likewise.
     - `metric_export_interval` (seconds); else OTEL_METRIC_EXPORT_INTERVAL (ms), else 60 s.
+    - `traces` / `metrics`: False exports no spans / no metrics (a trace-only backend such as
+      Phoenix); else OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER=none, else both are exported.
     - `export_timeout` (seconds) bounds every export and, plus one second, `shutdown()`.
       OTEL_EXPORTER_OTLP_TIMEOUT is not read: bounding the wait is this helper's point.
     - `set_global`: make the providers global, so every guard without explicit providers (and
@@ -165,8 +169,6 @@ def configure(
         raise ValueError(
             f'"metric_export_interval" must be > 0 seconds: {metric_export_interval!r}'
         )
-    span_exporter, metric_exporter = _exporters(protocol, endpoint, headers, export_timeout)
-
     defaults = dict(resource_attributes or {})
     service_name = service_name or defaults.pop(SERVICE_NAME, None)
     environment = Resource.create()  # OTEL_RESOURCE_ATTRIBUTES, OTEL_SERVICE_NAME, SDK's own
@@ -175,25 +177,34 @@ def configure(
     resource = Resource(defaults).merge(environment)  # the environment wins over defaults
 
     tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-    tracer_provider.add_span_processor(
-        BatchSpanProcessor(span_exporter, export_timeout_millis=export_timeout * 1000)
-    )
-    reader = PeriodicExportingMetricReader(
-        metric_exporter,
-        export_interval_millis=(
-            metric_export_interval * 1000 if metric_export_interval is not None else None
-        ),
-        export_timeout_millis=export_timeout * 1000,
-    )
+    readers = []
+    exporters: list[Any] = []
+    if _enabled(traces, "OTEL_TRACES_EXPORTER"):
+        span_exporter = _exporter("traces", protocol, endpoint, headers, export_timeout)
+        exporters.append(span_exporter)
+        tracer_provider.add_span_processor(
+            BatchSpanProcessor(span_exporter, export_timeout_millis=export_timeout * 1000)
+        )
+    if _enabled(metrics, "OTEL_METRICS_EXPORTER"):
+        metric_exporter = _exporter("metrics", protocol, endpoint, headers, export_timeout)
+        exporters.append(metric_exporter)
+        interval = metric_export_interval * 1000 if metric_export_interval is not None else None
+        readers.append(
+            PeriodicExportingMetricReader(
+                metric_exporter,
+                export_interval_millis=interval,
+                export_timeout_millis=export_timeout * 1000,
+            )
+        )
     meter_provider = MeterProvider(
-        resource=resource, metric_readers=[reader], shutdown_on_exit=False
+        resource=resource, metric_readers=readers, shutdown_on_exit=False
     )
     setup = Setup(
         tracer_provider,
         meter_provider,
         protocol,
         export_timeout,
-        exporters=(span_exporter, metric_exporter),
+        exporters=tuple(exporters),
     )
     if set_global:
         setup.is_global = _make_global(tracer_provider, meter_provider)
@@ -212,6 +223,12 @@ def _protocol(protocol: str | None) -> str:
     return chosen
 
 
+def _enabled(argument: bool | None, variable: str) -> bool:
+    if argument is not None:
+        return argument
+    return os.environ.get(variable, "otlp").strip().lower() != "none"
+
+
 def _service_name_from_env() -> bool:
     if os.environ.get("OTEL_SERVICE_NAME", "").strip():
         return True
@@ -219,41 +236,36 @@ def _service_name_from_env() -> bool:
     return any(p.split("=", 1)[0].strip() == "service.name" for p in pairs if "=" in p)
 
 
-def _exporters(
+def _exporter(
+    signal: str,
     protocol: str,
     endpoint: str | None,
     headers: Mapping[str, str] | None,
     timeout: float,
-) -> tuple[Any, Any]:
-    """The span and metric exporters for `protocol`, each giving up after `timeout` s."""
+) -> Any:
+    """The OTLP exporter of `signal` ("traces" | "metrics"), giving up after `timeout` s."""
     try:
         if protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
-                OTLPMetricExporter as GrpcMetricExporter,
-            )
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-                OTLPSpanExporter as GrpcSpanExporter,
-            )
+            from opentelemetry.exporter.otlp.proto.grpc import metric_exporter as grpc_metrics
+            from opentelemetry.exporter.otlp.proto.grpc import trace_exporter as grpc_traces
 
-            grpc_headers = dict(headers) if headers is not None else None
-            return (
-                GrpcSpanExporter(endpoint=endpoint, headers=grpc_headers, timeout=timeout),
-                GrpcMetricExporter(endpoint=endpoint, headers=grpc_headers, timeout=timeout),
+            grpc_class = (
+                grpc_traces.OTLPSpanExporter
+                if signal == "traces"
+                else grpc_metrics.OTLPMetricExporter
             )
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            grpc_headers = dict(headers) if headers is not None else None
+            return grpc_class(endpoint=endpoint, headers=grpc_headers, timeout=timeout)
+        from opentelemetry.exporter.otlp.proto.http import metric_exporter as http_metrics
+        from opentelemetry.exporter.otlp.proto.http import trace_exporter as http_traces
     except ImportError as exc:
         raise ImportError(_INSTALL_HINT) from exc
 
-    base = endpoint.rstrip("/") if endpoint else None
-    return (
-        OTLPSpanExporter(
-            endpoint=f"{base}/v1/traces" if base else None, headers=headers, timeout=timeout
-        ),
-        OTLPMetricExporter(
-            endpoint=f"{base}/v1/metrics" if base else None, headers=headers, timeout=timeout
-        ),
+    http_class = (
+        http_traces.OTLPSpanExporter if signal == "traces" else http_metrics.OTLPMetricExporter
     )
+    url = f"{endpoint.rstrip('/')}/v1/{signal}" if endpoint else None
+    return http_class(endpoint=url, headers=headers, timeout=timeout)
 
 
 def _make_global(tracer_provider: TracerProvider, meter_provider: MeterProvider) -> bool:
