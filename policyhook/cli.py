@@ -70,6 +70,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["claude-precompact"]:
+        # Its options are its own: argparse.REMAINDER rejects a leading "--store", and argparse's
+        # exit code 2 would tell Claude Code to block the compaction.
+        return _claude_precompact(argparse.Namespace(rest=argv[1:]))
     args = parser().parse_args(argv)
     if getattr(args, "otlp", False) is None:
         import os
