@@ -347,13 +347,14 @@ def main(argv: Sequence[str], stdin: TextIO | None = None, stdout: TextIO | None
     stdout = stdout or sys.stdout
     try:
         args = _parser().parse_args(list(argv))
-        policies = load(args.policies) if args.policies is not None else None
+        policies = load(args.policies.expanduser()) if args.policies is not None else None
         hook_input = _read_input(stdin)
         store_path = args.store.expanduser()
         store_path.parent.mkdir(parents=True, exist_ok=True)
         telemetry = _telemetry()
         with SQLiteStore(store_path) as store:
-            guard = Guard(policies, store=store, decision_log=args.decision_log)
+            log = args.decision_log.expanduser() if args.decision_log is not None else None
+            guard = Guard(policies, store=store, decision_log=log)
             try:
                 decision = decide(hook_input, guard, context_window=args.context_window)
             finally:
