@@ -48,7 +48,7 @@ from policyhook.policy import Decision, load
 from policyhook.provenance import Region, content_of
 from policyhook.stores import SQLiteStore
 
-__all__ = ["SUMMARIZER", "Segment", "Transcript", "decide", "main", "read_transcript"]
+__all__ = ["SUMMARIZER", "Segment", "Transcript", "answer", "decide", "main", "read_transcript"]
 
 #: The `summarizer.name` policies and telemetry see for Claude Code's own compaction.
 SUMMARIZER = "claude-code.compact"
