@@ -23,7 +23,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from opentelemetry import metrics, trace
-from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import INVALID_SPAN, NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
 from policyhook.errors import UnsafeRecompactionError
 from policyhook.policy import Decision
@@ -80,6 +80,11 @@ def capture_content_from_env() -> bool:
 _summarizer_error: ContextVar[int] = ContextVar("policyhook_summarizer_error", default=0)
 
 
+def _untraced() -> Span:
+    """What the API's no-op tracer would give (the caller's context, not recording), cheaper."""
+    return NonRecordingSpan(trace.get_current_span().get_span_context())
+
+
 def _failed(what: str) -> None:
     _logger.warning("policyhook: failed to %s; the call goes on without it", what, exc_info=True)
 
@@ -97,6 +102,7 @@ class Telemetry:
         self.capture_content = (
             capture_content_from_env() if capture_content is None else capture_content
         )
+        self._own_tracer_provider = tracer_provider is not None
         try:
             self.tracer = trace.get_tracer(SCOPE, VERSION, tracer_provider=tracer_provider)
         except Exception:
@@ -143,6 +149,9 @@ class Telemetry:
         or the guard's own) sets status ERROR and `error.type`; the summarizer's exception event
         is on `policyhook.summarize`, so it is recorded here only when it came from elsewhere.
         """
+        if not self._tracing():
+            yield _untraced()
+            return
         manager = self._start(
             SPAN_NAME,
             kind=SpanKind.INTERNAL,
@@ -163,6 +172,9 @@ class Telemetry:
     @contextmanager
     def summarizing(self, summarizer: str) -> Iterator[Span]:
         """The summarizer's own work, as a child span; its exception is recorded and re-raised."""
+        if not self._tracing():
+            yield _untraced()
+            return
         manager = self._start(
             SUMMARIZE_SPAN_NAME,
             kind=SpanKind.INTERNAL,
@@ -177,6 +189,12 @@ class Telemetry:
                 _summarizer_error.set(id(error))
                 self._error(span, error, record=True)
                 raise
+
+    def _tracing(self) -> bool:
+        """False while nobody could record a span: no provider given and no global one set."""
+        return self._own_tracer_provider or not isinstance(
+            trace.get_tracer_provider(), trace.ProxyTracerProvider
+        )
 
     @contextmanager
     def _start(self, name: str, **options: Any) -> Iterator[Span]:

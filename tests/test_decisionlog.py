@@ -11,9 +11,11 @@ import threading
 from pathlib import Path
 
 import pytest
+from opentelemetry import context, trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import NonRecordingSpan, SpanContext
 
 import policyhook
 from policyhook import decisionlog
@@ -176,6 +178,19 @@ class TestFromTheGuard:
         guard.close()
         ((_, record),) = list(decisionlog.read(tmp_path / "log.jsonl"))
         assert (record["trace_id"], record["span_id"]) == ("", "")
+
+    def test_an_incoming_trace_is_logged_without_any_sdk(self, tmp_path: Path) -> None:
+        """With no provider configured, a propagated caller trace id still lands in the log."""
+        incoming = SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, True)
+        guard = policyhook.Guard(decision_log=tmp_path / "log.jsonl")
+        token = context.attach(trace.set_span_in_context(NonRecordingSpan(incoming)))
+        try:
+            guard.check("an original turn", summarizer="s")
+        finally:
+            context.detach(token)
+        guard.close()
+        ((_, record),) = list(decisionlog.read(tmp_path / "log.jsonl"))
+        assert record["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
 
 
 class TestReading:

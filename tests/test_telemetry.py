@@ -7,6 +7,7 @@ capture is on, and `policyhook.otel.configure` exports over OTLP as the OTEL_* v
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import gzip
 import http.server
@@ -185,12 +186,32 @@ class TestScopeAndApi:
         }
         assert scopes == {"policyhook": version("policyhook")}
 
+    def test_only_the_setup_helper_imports_the_sdk(self) -> None:
+        """In the package's source, opentelemetry.sdk / .exporter are imported by otel.py only."""
+        package = Path(policyhook.__file__).parent
+        importers = set()
+        for path in package.rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom)
+                    else []
+                )
+                if any(
+                    n.startswith(("opentelemetry.sdk", "opentelemetry.exporter")) for n in names
+                ):
+                    importers.add(path.relative_to(package).as_posix())
+        assert importers == {"otel.py"}
+
     def test_package_never_loads_the_sdk_outside_the_setup_helper(self) -> None:
         """Importing policyhook and guarding calls, with no provider, loads no opentelemetry.sdk module."""
         code = textwrap.dedent(
             """
             import sys
             import policyhook, policyhook.testing, policyhook.decisionlog, policyhook.otel
+            import policyhook.cli, policyhook.demo, policyhook.authoring, policyhook.reload
             guard = policyhook.Guard()
             @guard(summarizer="s")
             def summarize(text):
@@ -204,6 +225,18 @@ class TestScopeAndApi:
             [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
         )
         assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+    def test_a_guard_without_providers_never_writes_on_the_callers_span(
+        self, telemetry: Otel
+    ) -> None:
+        """No provider for the guard: the caller's recording span gets no policyhook attribute."""
+        summarize = summarizer(policyhook.Guard())
+        caller = telemetry.tracer_provider.get_tracer("agent-runtime")
+        with caller.start_as_current_span("compact-window"):
+            summarize("an original turn")
+        (outer,) = telemetry.spans("compact-window")
+        assert dict(outer.attributes or {}) == {} and outer.events == ()
+        assert outer.status.status_code == StatusCode.UNSET
 
     def test_joins_the_global_providers_when_given_none(self, telemetry: Otel) -> None:
         """A guard built without providers uses the global ones the host set (via the API)."""
