@@ -1,11 +1,12 @@
 """The decision log: one JSON line per decision, to audit and to replay under new policies.
 
 Record format, version 1 (`"v": 1`): decision_id, time (RFC 3339, UTC), revision, decision
-(allow | deny | would_deny), mode, policy, rule, message, trace_id and span_id (hex, empty when
-no span was recording), and the activation — plain data, never region text or summaries,
-whatever content capture says. Each record is one line written by a single `write(2)` to a file
-opened for appending, under a lock: threads of a process never interleave, and processes appending
-to the same file on a local filesystem get whole lines too. `read` gives the records back.
+(allow | deny | would_deny), mode, policy, rule, message, trace_id and span_id (hex: the guard's
+span, or the caller's when no SDK records; empty when no trace is active), and the activation —
+plain data, never region text or summaries, whatever content capture says. Each record is one
+line written by a single `write(2)` to a file opened for appending, under a lock: threads of a
+process never interleave, and processes appending to the same file on a local filesystem get whole
+lines too. `read` gives the records back.
 """
 
 from __future__ import annotations
