@@ -36,8 +36,8 @@ from policyhook.telemetry import SPAN_NAME, SUMMARIZE_SPAN_NAME
 EVIDENCE = "retry ceiling is 7, read from the deployment config at startup (cfg-42)"
 
 
-def summarizer(guard: policyhook.Guard) -> Any:
-    @guard(summarizer="conversation-summary")
+def summarizer(guard: policyhook.Guard, name: str = "conversation-summary") -> Any:
+    @guard(summarizer=name)
     def summarize(text: str) -> str:
         return f"digest of {len(text)} chars: retries are capped at seven attempts."
 
@@ -135,12 +135,10 @@ def query(prometheus: Server, promql: str) -> float | None:
 
 
 class TestPrometheus:
-    def test_refusals_read_back_through_prometheus(
-        self, prometheus: Server, app: App, tmp_path: Path
-    ) -> None:
+    def test_refusals_read_back_through_prometheus(self, prometheus: Server, app: App) -> None:
         """policyhook_decisions_total{decision="deny"} in Prometheus equals the refusals made."""
         guard = policyhook.Guard(meter_provider=app.meter_provider)
-        summarize = summarizer(guard)
+        summarize = summarizer(guard, "prometheus-e2e")  # its own series, whatever runs first
         stale = stale_summary(guard, summarize)
         refusals = 0
         for i in range(12):
@@ -150,20 +148,27 @@ class TestPrometheus:
                 refusals += 1
             else:
                 summarize(f"original turn {i} of the conversation")
-        allowed = 12 - refusals + 1
-        deny = 'sum(policyhook_decisions_total{decision="deny"})'
-        wait_for(
-            f"Prometheus to scrape {refusals} refusals",
-            lambda: query(prometheus, deny) == refusals,
-            timeout=30,
-            explain=prometheus.log_tail,
+        ours = 'summarizer="prometheus-e2e"'
+        promql = (
+            f'sum(policyhook_decisions_total{{decision="deny",{ours}}})',
+            f'sum(policyhook_decisions_total{{decision="allow",{ours}}})',
+            f"sum(policyhook_decision_duration_seconds_count{{{ours}}})",
         )
-        assert query(prometheus, deny) == refusals == 4
-        assert query(prometheus, 'sum(policyhook_decisions_total{decision="allow"})') == allowed
-        assert query(prometheus, "sum(policyhook_decision_duration_seconds_count)") == 13
+        expected = (refusals, 12 - refusals + 1, 13)  # +1: the summary made before eviction
+
+        def scraped() -> tuple[float | None, ...]:
+            return tuple(query(prometheus, q) for q in promql)
+
+        wait_for(
+            f"Prometheus to scrape (deny, allow, all) = {expected}",
+            lambda: scraped() == expected,
+            timeout=30,
+            explain=lambda: f"last scrape: {scraped()}\n{prometheus.log_tail()}",
+        )
+        assert refusals == 4
         labels = get_json(
             f"{prometheus.url}/api/v1/series",
-            {"match[]": 'policyhook_decisions_total{decision="deny"}'},
+            {"match[]": f'policyhook_decisions_total{{decision="deny",{ours}}}'},
         )["data"]
         assert {k for k in labels[0] if not k.startswith(("otel_", "__"))} >= {
             "decision",
@@ -207,19 +212,16 @@ class TestPrometheus:
         summarizer(policyhook.Guard(policies, meter_provider=app.meter_provider))("a turn")
         folder = tmp_path / "policies"
         folder.mkdir()
-        (folder / "p.yaml").write_text("spec: [broken")
-        (folder / "q.yaml").write_text(
-            "apiVersion: policyhook.dev/v1\nkind: CompactionPolicy\nmetadata: {name: q}\n"
+        policy = (
+            "apiVersion: policyhook.dev/v1\nkind: CompactionPolicy\nmetadata: {name: %s}\n"
             "spec: {rules: [{name: r, expression: 'true', message: m}]}\n"
         )
-        with pytest.raises(policyhook.PolicyError):
-            policyhook.Guard(folder, meter_provider=app.meter_provider)
-        (folder / "p.yaml").unlink()
+        (folder / "q.yaml").write_text(policy % "first")
         watched = policyhook.Guard(folder, meter_provider=app.meter_provider, reload_interval=0)
-        (folder / "q.yaml").write_text(
-            (folder / "q.yaml").read_text().replace("name: q}", "name: q2}")
-        )
-        assert watched.watcher is not None and watched.watcher.check()
+        (folder / "q.yaml").write_text(policy % "second")
+        assert watched.watcher is not None and watched.watcher.check()  # success
+        (folder / "q.yaml").write_text("spec: [broken")
+        assert not watched.watcher.check()  # failure, "second" stays in force
         watched.close()
         expected = {
             "policyhook_decisions_total",
@@ -237,15 +239,21 @@ class TestPrometheus:
             values = get_json(f"{prometheus.url}/api/v1/label/__name__/values")["data"]
             return {v for v in values if v.startswith("policyhook_")}
 
-        wait_for(
-            "all policyhook metrics in Prometheus",
-            lambda: names() == expected,
-            timeout=30,
-            explain=lambda: f"have {sorted(names())}\n{prometheus.log_tail()}",
+        counts = (
+            'sum(policyhook_evaluation_errors_total{policy="fail-open",outcome="allow"})',
+            'sum(policyhook_policy_reloads_total{outcome="success"})',
+            'sum(policyhook_policy_reloads_total{outcome="failure"})',
         )
-        errors = 'policyhook_evaluation_errors_total{policy="fail-open",outcome="allow"}'
-        assert query(prometheus, f"sum({errors})") == 1
-        assert query(prometheus, 'sum(policyhook_policy_reloads_total{outcome="success"})') == 1
+
+        def scraped() -> tuple[set[str], tuple[float | None, ...]]:
+            return names(), tuple(query(prometheus, q) for q in counts)
+
+        wait_for(
+            "all policyhook metrics in Prometheus, with 1 error, 1 good and 1 failed reload",
+            lambda: scraped() == (expected, (1, 1, 1)),
+            timeout=30,
+            explain=lambda: f"last scrape: {scraped()}\n{prometheus.log_tail()}",
+        )
 
 
 # -- Phoenix --------------------------------------------------------------------------------
