@@ -312,7 +312,10 @@ class Telemetry:
         )
         self.depth.record(region["depth"], {"decision": decision.effect, "summarizer": summarizer})
         for error in decision.errors:
-            outcome = "deny" if error in decision.violations else "allow"
+            # What failurePolicy did to the call: refused it, would have (audit/warn), let it pass.
+            outcome = "allow"
+            if error in decision.violations:
+                outcome = "deny" if error.mode == "enforce" else "would_deny"
             self.errors.add(1, {"policy": error.policy, "rule": error.rule, "outcome": outcome})
 
     def refused(self, span: Span, error: UnsafeRecompactionError) -> None:

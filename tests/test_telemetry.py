@@ -440,7 +440,7 @@ class TestMetrics:
     def test_evaluation_errors_are_counted_by_what_failure_policy_did(
         self, telemetry: Otel
     ) -> None:
-        """A rule that cannot be evaluated counts policyhook.evaluation.errors, outcome deny|allow."""
+        """Evaluation errors count by what failurePolicy did: allow, would_deny (audit), deny."""
         broken = "region.depth / (region.depth - region.depth) >= 0"  # division by zero
         policies = compile_sources(
             [
@@ -452,7 +452,12 @@ class TestMetrics:
         summarize("an original turn")
         summarize("another original turn")
         assert telemetry.total(EVALUATION_ERRORS, policy="fail-open", outcome="allow") == 2
-        assert telemetry.total(EVALUATION_ERRORS, policy="fail-closed", outcome="deny") == 2
+        # audit mode: failurePolicy deny would have refused, but the calls went through
+        assert telemetry.total(EVALUATION_ERRORS, policy="fail-closed", outcome="would_deny") == 2
+        enforced = compile_sources([("closed.yaml", policy_yaml("enforced", broken))])
+        with pytest.raises(policyhook.UnsafeRecompactionError):
+            summarizer(telemetry.guard(enforced))("an original turn")
+        assert telemetry.total(EVALUATION_ERRORS, policy="enforced", outcome="deny") == 1
         assert {frozenset(a) for a, _ in telemetry.points(EVALUATION_ERRORS)} == {
             frozenset({"policy", "rule", "outcome"})
         }
