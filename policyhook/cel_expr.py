@@ -9,7 +9,8 @@ are handled here so that the policy engine sees the same `Backend` behaviour:
 - Expressions are compiled without the static type checker (`disable_check=True`): cel-python does
   not check types either, so an ill-typed expression loads under both backends and fails at
   evaluation under both, instead of failing to load under one only.
-- Values passed back in (`bind`) must be plain Python data: results are converted on the way out.
+- Values passed back in (`bind`) must be plain Python data or protos: results are converted on
+  the way out, and timestamps and durations become their protobuf messages on the way back.
 
 Compiled expressions are immutable and the C++ runtime evaluates them concurrently; an activation
 is made per decision and never shared, so no lock is needed (unlike cel-python's compiled runner).
@@ -17,11 +18,13 @@ is made per decision and never shared, so no lock is needed (unlike cel-python's
 
 from __future__ import annotations
 
+import datetime
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from cel_expr_python import cel
+from google.protobuf import duration_pb2, timestamp_pb2  # type: ignore[import-untyped]
 
 from policyhook.cel import CompileError, EvaluationError, Program, parse
 
@@ -91,10 +94,30 @@ class CelExprBackend:
         return _Context(self._env, dict(activation))
 
     def bind(self, context: Any, variables: Mapping[str, Any]) -> Any:
-        return _Context(self._env, {**context.data, "variables": dict(variables)})
+        bound = {name: _bindable(value) for name, value in variables.items()}
+        return _Context(self._env, {**context.data, "variables": bound})
 
     def to_python(self, value: Any) -> Any:
         return value  # `evaluate` already returns plain Python values
+
+
+def _bindable(value: Any) -> Any:
+    """A result as an activation accepts it back: timestamps and durations as their protos."""
+    if isinstance(value, bool | int | float | str | None):
+        return value
+    if isinstance(value, datetime.datetime):
+        timestamp = timestamp_pb2.Timestamp()
+        timestamp.FromDatetime(value)
+        return timestamp
+    if isinstance(value, datetime.timedelta):
+        duration = duration_pb2.Duration()
+        duration.FromTimedelta(value)
+        return duration
+    if isinstance(value, list):
+        return [_bindable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _bindable(v) for k, v in value.items()}
+    return value
 
 
 def _compile_error(exc: Exception) -> CompileError:

@@ -320,6 +320,29 @@ class TestPolicyFeatures:
             assert first.explanation[0]["variables"]["gone"] == sorted(dead)
 
     @pytest.mark.parametrize(
+        ("value", "check"),
+        [
+            (
+                'timestamp("2026-11-29T16:30:00.25Z")',
+                'variables.v > timestamp("2026-01-01T00:00:00Z")',
+            ),
+            ('duration("90s")', 'variables.v == duration("1m30s")'),
+            ('b"abc"', 'variables.v == b"abc"'),
+            ("[1, 'two', [3.5]]", "variables.v[2][0] == 3.5 && variables.v[1] == 'two'"),
+            ("{'k': {'n': 1}}", "variables.v.k.n == 1"),
+            ("null", "variables.v == null"),
+        ],
+    )
+    def test_variable_values_round_trip(
+        self, slow: cel.Backend, fast: cel.Backend, value: str, check: str, no_force_audit: None
+    ) -> None:
+        """Variables of every CEL type reach the rules unchanged on both backends."""
+        extra = f"  variables:\n    - name: v\n      expression: {value!r}\n"
+        text = policy(rule(check), extra=extra)
+        first, _ = assert_same(compile_both(text, slow, fast), activation())
+        assert (first.effect, first.errors) == ("allow", ())
+
+    @pytest.mark.parametrize(
         "message_expr",
         [
             '"depth " + string(region.depth) + " of " + region.id',
