@@ -240,6 +240,7 @@ def bench_engine(report: Report, backends: list[cel.Backend], repeat: int) -> di
         decide = measure(lambda p=policies: p.decide(allow), n)
         refuse = measure(lambda p=policies: p.decide(deny), n)
         engine[backend.name] = decide.median
+        engine[f"{backend.name}/raw"] = raw_stats.median
         for label, stats in (
             ("raw compiled expressions (4: match, variable, 2 rules)", raw_stats),
             ("`PolicySet.decide`, allow (all rules hold)", decide),
@@ -370,6 +371,7 @@ def bench_guard(
             stats = Stats(samples)
             overhead = stats.median - bare_stats.median
             ratio = overhead / engine[backend.name]
+            raw_ratio = overhead / engine[f"{backend.name}/raw"]
             label = {
                 "none": "no telemetry (stubbed out)",
                 "api": "OTel API only (no SDK: no-op)",
@@ -382,18 +384,26 @@ def bench_guard(
                     us(overhead),
                     us(stats.p99 - bare_stats.median),
                     f"{ratio:.2f}x",
+                    f"{raw_ratio:.1f}x",
                     f"{overhead / base:,.0f}x",
                 ]
             )
     report.table(
         "Guard: full overhead per call around a no-op summarizer",
-        ["backend, telemetry", "median µs", "p99 µs", "vs raw `decide`", "vs baseline"],
+        [
+            "backend, telemetry",
+            "median µs",
+            "p99 µs",
+            "vs `decide`",
+            "vs raw expressions",
+            "vs baseline",
+        ],
         rows,
         "Input: a tracked depth-1 summary plus 600 new characters (1 KB). Per call: provenance "
         "resolution, one liveness lookup (MemoryStore), activation, policy decision, span and "
         "metric points, recording the output as a summary. Overhead = guarded call - bare call. "
-        "Target: excluding OTel (first row of each backend), <= 2x the raw `decide` of the "
-        "same backend.",
+        "Target: excluding OTel (first row of each backend), <= 2x the engine's cost for the same "
+        "policy, read here as `PolicySet.decide` on a prepared activation.",
     )
     report.data["guard_overhead_ns"] = data
 
