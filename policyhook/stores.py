@@ -144,7 +144,7 @@ class SQLiteStore:
             return frozenset()
         with self._lock:
             rows = self._db.execute(
-                "SELECT id FROM sources WHERE id IN (SELECT value FROM json_each(?))",
+                "SELECT s.id FROM json_each(?) AS j JOIN sources AS s ON s.id = j.value",
                 (json.dumps(list(source_ids)),),
             ).fetchall()
         return frozenset(r[0] for r in rows)
