@@ -24,7 +24,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from cel_expr_python import cel
-from google.protobuf import duration_pb2, timestamp_pb2  # type: ignore[import-untyped]
 
 from policyhook.cel import CompileError, EvaluationError, Program, parse
 
@@ -105,11 +104,15 @@ def _bindable(value: Any) -> Any:
     """A result as an activation accepts it back: timestamps and durations as their protos."""
     if isinstance(value, bool | int | float | str | None):
         return value
-    if isinstance(value, datetime.datetime):
-        timestamp = timestamp_pb2.Timestamp()
-        timestamp.FromDatetime(value)
-        return timestamp
-    if isinstance(value, datetime.timedelta):
+    if isinstance(value, datetime.datetime | datetime.timedelta):
+        try:  # protobuf is not a dependency of cel-expr-python: without it, an evaluation error
+            from google.protobuf import duration_pb2, timestamp_pb2  # type: ignore[import-untyped]
+        except ImportError:
+            return value
+        if isinstance(value, datetime.datetime):
+            timestamp = timestamp_pb2.Timestamp()
+            timestamp.FromDatetime(value)
+            return timestamp
         duration = duration_pb2.Duration()
         duration.FromTimedelta(value)
         return duration
