@@ -24,6 +24,14 @@ if TYPE_CHECKING:
 MIN_EMBEDDED_CHARS = 16
 #: Known texts are found by this many leading characters, then confirmed in full.
 _ANCHOR_CHARS = 64
+#: Texts recorded since the automaton was built are searched one by one, up to this many.
+_PENDING = 16
+#: Inputs at least this long are searched with a DFA (built on demand) instead of an NFA.
+_LARGE_INPUT = 256 * 1024
+#: ... unless there are more anchors than this (a DFA takes ~14 KB per anchor).
+_DFA_MAX_ANCHORS = 512
+_DFA = ahocorasick_rs.Implementation.DFA
+_NFA = ahocorasick_rs.Implementation.ContiguousNFA
 #: Kind given to content the ledger did not recognise (it rests on no registered source).
 UNREGISTERED = "window"
 
@@ -110,60 +118,157 @@ class Resolution:
 class _Recognizer:
     """Finds known texts inside an input in one linear pass (Aho-Corasick over short anchors).
 
-    Bounded: the least recently recorded texts are forgotten first.
+    A window's recognizer also finds the texts of the `shared` one (registered sources): one
+    automaton, one pass over the input for both. The automaton runs over UTF-8 bytes (several
+    times faster than over `str`). Texts recorded since it was built are searched with
+    `str.find` until there are `_PENDING` of them or the input is large, so a granted call does
+    not rebuild the automaton over every tracked text. Bounded: the least recently recorded
+    texts are forgotten first.
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, shared: _Recognizer | None = None) -> None:
         self.capacity = capacity
+        self.shared = shared
         self._known: OrderedDict[str, Region] = OrderedDict()
-        self._automaton: ahocorasick_rs.AhoCorasick | None = None
+        self._automaton: ahocorasick_rs.BytesAhoCorasick | None = None
         self._anchors: list[str] = []
         self._by_anchor: dict[str, list[str]] = {}
-        self._dirty = False
+        self._pending: list[str] = []  # embeddable texts recorded since the last build
+        self._stale = False  # too many were recorded to keep them pending: rebuild
+        self._scans = 0  # searches since a text was last recorded
+        self._dfa = False
+        self._max_depth = 0  # deepest region known; -1 when it must be recomputed
+        self._log: list[str] = []  # recent embeddable texts, for recognizers sharing this one
+        self._log_start = 0  # how many texts were dropped from the front of `_log`
+        self._shared_seen = 0  # position in `shared`'s log when the automaton was built
 
     def __len__(self) -> int:
         return len(self._known)
 
     def add(self, text: str, region: Region) -> None:
+        previous = self._known.get(text)
         self._known[text] = region
         self._known.move_to_end(text)
+        if previous is not None and previous.depth >= self._max_depth:
+            self._max_depth = -1  # the deepest may have been replaced: recomputed when asked
+        elif self._max_depth >= 0:
+            self._max_depth = max(self._max_depth, region.depth)
         while len(self._known) > self.capacity:
-            self._known.popitem(last=False)
-        self._dirty = True
+            _, forgotten = self._known.popitem(last=False)  # in the automaton until rebuilt
+            if forgotten.depth >= self._max_depth:
+                self._max_depth = -1
+        if previous is None and len(text) >= MIN_EMBEDDED_CHARS:
+            self._scans = 0
+            if len(self._pending) < _PENDING:
+                self._pending.append(text)
+            else:
+                self._pending, self._stale = [], True
+            self._log.append(text)
+            if len(self._log) > 2 * _PENDING:
+                del self._log[:_PENDING]
+                self._log_start += _PENDING
 
     def exact(self, text: str) -> Region | None:
         return self._known.get(text)
 
     def max_depth(self) -> int:
-        return max((r.depth for r in self._known.values()), default=0)
+        if self._max_depth < 0:
+            self._max_depth = max((r.depth for r in self._known.values()), default=0)
+        return self._max_depth
+
+    def _shared_pending(self) -> list[str] | None:
+        """Shared texts recorded since the automaton was built; None if too many to search."""
+        shared = self.shared
+        if shared is None:
+            return []
+        seen, start = self._shared_seen, shared._log_start
+        if seen < start or start + len(shared._log) - seen > _PENDING:
+            return None
+        return shared._log[seen - start :]
+
+    def _region(self, known: str) -> Region | None:
+        region = self._known.get(known)
+        if region is None and self.shared is not None:
+            region = self.shared._known.get(known)
+        return region  # None: forgotten since the automaton was built
 
     def find(self, text: str) -> Iterator[tuple[int, int, Region]]:
         """Non-overlapping occurrences of known texts, leftmost first, longest on a tie."""
-        if self._dirty:
-            self._rebuild()
-        if self._automaton is None or len(text) < MIN_EMBEDDED_CHARS:
+        if len(text) < MIN_EMBEDDED_CHARS:
             return
+        large = len(text) >= _LARGE_INPUT
+        extra = self._shared_pending()
+        if extra is None or self._stale:
+            self._rebuild(dfa=large)
+            extra = []
+        elif self._pending or extra:
+            self._scans += 1
+            # Fold recent texts in when there are many, when they have been searched a while
+            # with nothing new recorded (a quiet window), or when the input is large.
+            if len(self._pending) + len(extra) > _PENDING or self._scans > _PENDING or large:
+                self._rebuild(dfa=large)
+                extra = []
+        elif large and self._automaton is not None and not self._dfa:
+            self._rebuild(dfa=True)
         hits: list[tuple[int, int, str]] = []
-        for index, start, _end in self._automaton.find_matches_as_indexes(text, overlapping=True):
-            for known in self._by_anchor[self._anchors[index]]:
-                if text.startswith(known, start):
-                    hits.append((start, -len(known), known))
+        if self._automaton is not None:
+            data = text.encode("utf-8", "surrogatepass")
+            matches = self._automaton.find_matches_as_indexes(data, overlapping=True)
+            starts = [m[1] for m in matches]
+            if len(data) != len(text):  # not ASCII: byte offsets to character offsets
+                starts = _char_offsets(data, starts)
+            for (index, _, _), start in zip(matches, starts, strict=True):
+                for known in self._by_anchor[self._anchors[index]]:
+                    if text.startswith(known, start):
+                        hits.append((start, -len(known), known))
+        for known in (*self._pending, *extra):  # may hold a forgotten text: skipped below
+            start = text.find(known)
+            while start != -1:
+                hits.append((start, -len(known), known))
+                start = text.find(known, start + 1)
         hits.sort()
         cursor = 0
         for start, negative_len, known in hits:
             if start >= cursor:
-                cursor = start - negative_len
-                yield start, cursor, self._known[known]
+                region = self._region(known)
+                if region is not None:
+                    cursor = start - negative_len
+                    yield start, cursor, region
 
-    def _rebuild(self) -> None:
+    def _rebuild(self, dfa: bool = False) -> None:
+        texts = list(self._known)
+        if self.shared is not None:
+            texts += self.shared._known
+            self._shared_seen = self.shared._log_start + len(self.shared._log)
         by_anchor: dict[str, list[str]] = {}
-        for known in self._known:
+        for known in texts:
             if len(known) >= MIN_EMBEDDED_CHARS:
                 by_anchor.setdefault(known[:_ANCHOR_CHARS], []).append(known)
         self._by_anchor = by_anchor
         self._anchors = list(by_anchor)
-        self._automaton = ahocorasick_rs.AhoCorasick(self._anchors) if self._anchors else None
-        self._dirty = False
+        self._automaton = (
+            ahocorasick_rs.BytesAhoCorasick(
+                [a.encode("utf-8", "surrogatepass") for a in self._anchors],
+                # A DFA searches up to twice as fast but costs ten times more to build and
+                # twenty times the memory: worth it only for large inputs.
+                implementation=_DFA if dfa and len(self._anchors) <= _DFA_MAX_ANCHORS else _NFA,
+            )
+            if self._anchors
+            else None
+        )
+        self._pending, self._stale, self._scans, self._dfa = [], False, 0, dfa
+
+
+def _char_offsets(data: bytes, starts: list[int]) -> list[int]:
+    """Character offsets of UTF-8 byte offsets (each at a character boundary), in one pass."""
+    result: list[int] = []
+    byte = char = 0
+    for start in sorted(set(starts)):
+        char += len(data[byte:start].decode("utf-8", "surrogatepass"))
+        byte = start
+        result.append(char)
+    where = dict(zip(sorted(set(starts)), result, strict=True))
+    return [where[s] for s in starts]
 
 
 def content_of(item: Any) -> str | None:
@@ -279,11 +384,8 @@ class Ledger:
             if known is not None:
                 parts.append(known)
                 return
-        spans = sorted(s for r in recognizers for s in r.find(text))
         cursor = 0
-        for start, end, known in spans:
-            if start < cursor:
-                continue  # overlaps a text already matched by the other recognizer
+        for start, end, known in recognizers[0].find(text):  # the window's: sources included
             self._gap(text[cursor:start], parts, unregistered)
             parts.append(known)
             cursor = end
@@ -314,7 +416,7 @@ class Ledger:
     def _recognizer(self, window: str) -> _Recognizer:
         recognizer = self._windows.get(window)
         if recognizer is None:
-            recognizer = _Recognizer(self.max_texts_per_window)
+            recognizer = _Recognizer(self.max_texts_per_window, self._shared_recognizer())
             for region, text in self.store.summaries(window, self.max_texts_per_window):
                 recognizer.add(text, region)
             self._windows[window] = recognizer

@@ -204,3 +204,42 @@ class TestBoundedMemory:
         )
         ledger.resolve("anything at all here", "B")  # pushes A out
         assert ledger.resolve("summary of window A, long enough", "A").region.depth == 1
+
+
+class TestRecognitionOverlaps:
+    def test_summary_that_starts_with_a_source_is_a_summary(self) -> None:
+        """A summary quoting a source at its start is still found whole, one pass deeper."""
+        ledger = Ledger(MemoryStore())
+        source = "retry ceiling is 7 for the billing job"
+        ledger.record_source(source, "config_read", "cfg")
+        summary = source + ", and retries back off exponentially"
+        ledger.record_summary(summary, Region("r", sources=frozenset({"cfg"})), "w")
+        region = ledger.resolve(f"earlier turns: {summary} then more", "w").region
+        assert region.depth == 1
+
+    def test_text_recorded_as_source_and_summary(self) -> None:
+        """The same text known as a source and as a summary resolves instead of crashing."""
+        ledger = Ledger(MemoryStore())
+        text = "retry ceiling is 7 for the billing job"
+        ledger.record_source(text, "config_read", "cfg")
+        ledger.record_summary(text, Region("r", sources=frozenset({"cfg"})), "w")
+        region = ledger.resolve(f"earlier turns: {text} then more", "w").region
+        assert "cfg" in region.sources
+
+    def test_non_ascii_input_positions(self) -> None:
+        """Known texts are cut at the right places in input with multi-byte characters."""
+        ledger = Ledger(MemoryStore())
+        source = "configuración: límite de reintentos = 7 ✓"
+        ledger.record_source(source, "config_read", "cfg")
+        resolution = ledger.resolve(f"日本語のテキスト {source} 終わり", "w")
+        assert resolution.region.sources - {"cfg"} == {s for s, _ in resolution.unregistered}
+        assert [t for _, t in resolution.unregistered] == ["日本語のテキスト ", " 終わり"]
+
+    def test_many_new_summaries_are_all_recognised(self) -> None:
+        """Each of many summaries recorded one after another is recognised at once."""
+        ledger = Ledger(MemoryStore())
+        for i in range(60):
+            text = f"summary number {i}: the retry ceiling was discussed ({i * 7})"
+            ledger.record_summary(text, Region(f"r{i}", sources=frozenset({f"s{i}"})), "w")
+            region = ledger.resolve(f"turns before. {text} turns after.", "w").region
+            assert f"s{i}" in region.sources and region.depth == 1
