@@ -35,7 +35,8 @@ from typing import Any
 from policyhook import activation as schema
 from policyhook import cel, decisionlog
 from policyhook.hook import Guard
-from policyhook.policy import PolicySet, load
+from policyhook.loader import load
+from policyhook.policy import PolicySet
 from policyhook.provenance import Ledger, Region
 from policyhook.stores import MemoryStore, SQLiteStore
 

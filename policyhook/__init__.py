@@ -8,7 +8,8 @@ sources, and refuses loudly (`UnsafeRecompactionError`) when it cannot.
 from policyhook.decisionlog import DecisionLog
 from policyhook.errors import PolicyError, PolicyIssue, UnsafeRecompactionError
 from policyhook.hook import Guard, Request, request
-from policyhook.policy import Decision, PolicySet, load, load_default
+from policyhook.loader import load, load_default
+from policyhook.policy import Decision, PolicySet
 from policyhook.provenance import Ledger, Region, Source
 from policyhook.stores import MemoryStore, SQLiteStore, Store
 

@@ -21,7 +21,8 @@ import yaml
 from policyhook import activation as schema
 from policyhook import decisionlog
 from policyhook.errors import PolicyError
-from policyhook.policy import Located, LocatingLoader, PolicySet, is_test_file, load
+from policyhook.loader import Located, LocatingLoader, is_test_file, load
+from policyhook.policy import PolicySet
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 TEST_KIND = "PolicyTest"

@@ -28,7 +28,8 @@ from policyhook import activation as schema
 from policyhook.cel import Backend
 from policyhook.decisionlog import DecisionLog
 from policyhook.errors import UnsafeRecompactionError
-from policyhook.policy import Decision, PolicySet, load_default
+from policyhook.loader import load_default
+from policyhook.policy import Decision, PolicySet
 from policyhook.provenance import Ledger, Region, Resolution, Source, content_of
 from policyhook.reload import PolicyWatcher
 from policyhook.stores import MemoryStore, Store

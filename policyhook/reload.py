@@ -14,7 +14,8 @@ from pathlib import Path
 
 from policyhook.cel import Backend
 from policyhook.errors import PolicyError
-from policyhook.policy import PolicySet, compile_sources, read_sources, revision_of
+from policyhook.loader import compile_sources, read_sources, revision_of
+from policyhook.policy import PolicySet
 
 _logger = logging.getLogger(__name__)
 

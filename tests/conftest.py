@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from policyhook import cel
-from policyhook.policy import PolicySet, compile_sources
+from policyhook.loader import compile_sources
+from policyhook.policy import PolicySet
 
 
 def _backends() -> list[cel.Backend]:

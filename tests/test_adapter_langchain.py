@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from policyhook import Guard, UnsafeRecompactionError
 from policyhook.adapters.langchain import GuardedSummarizationMiddleware
-from policyhook.policy import compile_sources
+from policyhook.loader import compile_sources
 from policyhook.testing import capture_decisions
 
 SUMMARIES = ["SUMMARY ONE: retry ceiling is 7 (config)", "SUMMARY TWO: retries are capped"]

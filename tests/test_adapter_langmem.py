@@ -25,7 +25,7 @@ from policyhook.adapters.langmem import (
     asummarize_messages,
     summarize_messages,
 )
-from policyhook.policy import compile_sources
+from policyhook.loader import compile_sources
 from policyhook.testing import capture_decisions
 
 SUMMARIES = ["S1: retry ceiling is 7 (config)", "S2: retries are capped", "S3: capped at 5"]

@@ -19,7 +19,8 @@ import pytest
 from policyhook import activation as schema
 from policyhook import cel
 from policyhook.errors import PolicyError
-from policyhook.policy import Decision, PolicySet, compile_sources, load_default
+from policyhook.loader import compile_sources, load_default
+from policyhook.policy import Decision, PolicySet
 from policyhook.provenance import Region
 
 _TRUE = ("1", "true", "yes", "on")

@@ -10,7 +10,8 @@ import pytest
 
 from policyhook import PolicyError
 from policyhook.cel import MAX_EXPRESSION_CHARS
-from policyhook.policy import PolicySet, compile_sources, load
+from policyhook.loader import compile_sources, load
+from policyhook.policy import PolicySet
 
 Compile = Callable[..., PolicySet]
 

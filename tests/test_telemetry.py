@@ -40,7 +40,8 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, StatusCode, Trace
 
 import policyhook
 from policyhook import decisionlog, otel
-from policyhook.policy import PolicySet, compile_sources
+from policyhook.loader import compile_sources
+from policyhook.policy import PolicySet
 from policyhook.telemetry import (
     DECISION_DURATION,
     DECISIONS,

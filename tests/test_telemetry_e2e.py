@@ -30,7 +30,7 @@ from servers import REPO, Server, executable, free_port, get_json, http_ok, star
 
 import policyhook
 from policyhook import otel
-from policyhook.policy import compile_sources
+from policyhook.loader import compile_sources
 from policyhook.telemetry import SPAN_NAME, SUMMARIZE_SPAN_NAME
 
 EVIDENCE = "retry ceiling is 7, read from the deployment config at startup (cfg-42)"

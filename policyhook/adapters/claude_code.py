@@ -44,7 +44,8 @@ from typing import Any, TextIO
 
 from policyhook.adapters import untraced_summary
 from policyhook.hook import Guard, request
-from policyhook.policy import Decision, load
+from policyhook.loader import load
+from policyhook.policy import Decision
 from policyhook.provenance import Region, content_of
 from policyhook.stores import SQLiteStore
 

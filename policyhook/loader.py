@@ -1,0 +1,529 @@
+"""Loading policies: YAML documents of CEL rules, checked against the schema and type-checked
+against the activation at load, so a mistake fails with its file, line and column, never at the
+first decision. The format follows Kubernetes ValidatingAdmissionPolicy (see `policyhook.policy`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from policyhook import activation as schema
+from policyhook.cel import Backend, CompileError, default_backend
+from policyhook.cel import comparisons as cel_comparisons
+from policyhook.cel import parse as cel_parse
+from policyhook.cel import references as cel_references
+from policyhook.errors import PolicyError, PolicyIssue
+from policyhook.policy import FAILURE_POLICIES, MODES, Expression, Policy, PolicySet, Rule
+
+API_VERSION = "policyhook.dev/v1"
+KIND = "CompactionPolicy"
+#: Set to a true value to run every policy in audit mode (shadow rollout) without editing files.
+FORCE_AUDIT_ENV = "POLICYHOOK_FORCE_AUDIT"
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
+_VARIABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TRUE = ("1", "true", "yes", "on")
+
+
+class Located(dict[str, Any]):
+    """A YAML mapping that remembers where each key and value stand."""
+
+    lines: dict[str, tuple[int, int]]  # key -> (line, column) of its value, 1-based
+    start: tuple[int, int]
+    # key -> (folded?, [(line, column, length) of each content line]) for block scalars
+    blocks: dict[str, tuple[bool, list[tuple[int, int, int]]]]
+
+    def position(self, key: str, line: int, column: int) -> tuple[int, int]:
+        """The file position of `line`:`column` inside the string value of `key`."""
+        if key in self.blocks:
+            folded, segments = self.blocks[key]
+            if not folded and line <= len(segments):
+                at, col, _ = segments[line - 1]
+                return at, col + column - 1
+            offset = column - 1  # folded: content lines were joined by single spaces
+            for at, col, length in segments:
+                if offset <= length:
+                    return at, col + offset
+                offset -= length + 1
+        base_line, base_column = self.lines.get(key, self.start)
+        return base_line + line - 1, base_column + column - 1 if line == 1 else column
+
+
+class LocatingLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that records positions, so errors can name a line."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        mapping = Located(
+            {str(k): v for k, v in super().construct_mapping(node, deep=True).items()}
+        )
+        mapping.lines = {}
+        mapping.blocks = {}
+        mapping.start = (node.start_mark.line + 1, node.start_mark.column + 1)
+        seen: set[Any] = set()
+        for key_node, value_node in node.value:
+            key = key_node.value
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+            line, column = value_node.start_mark.line + 1, value_node.start_mark.column + 1
+            if isinstance(value_node, yaml.ScalarNode) and value_node.style in ("|", ">"):
+                line, column = line + 1, 1  # block scalars start on the next line
+                mapping.blocks[str(key)] = (value_node.style == ">", self._block_lines(value_node))
+            elif isinstance(value_node, yaml.ScalarNode) and value_node.style in ("'", '"'):
+                column += 1
+            mapping.lines[str(key)] = (line, column)
+        return mapping
+
+    def _block_lines(self, node: yaml.ScalarNode) -> list[tuple[int, int, int]]:
+        """(line, column, length) of each content line of a block scalar, 1-based."""
+        raw = str(self.buffer).split("\n")
+        segments = []
+        for index in range(node.start_mark.line + 1, min(node.end_mark.line + 1, len(raw))):
+            text = raw[index].rstrip("\0")
+            if text.strip():
+                indent = len(text) - len(text.lstrip(" "))
+                segments.append((index + 1, indent + 1, len(text.strip())))
+        return segments
+
+
+LocatingLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, LocatingLoader.construct_mapping
+)
+
+_TOP_KEYS = {"apiVersion", "kind", "metadata", "spec"}
+_METADATA_KEYS = {"name", "labels", "annotations"}
+_SPEC_KEYS = {"description", "mode", "failurePolicy", "matchConditions", "variables", "rules"}
+_NAMED_KEYS = {"name", "expression"}
+_RULE_KEYS = {"name", "expression", "message", "messageExpression"}
+
+
+def is_test_file(path: Path) -> bool:
+    """Policy test files live beside the policies: `*_test.yaml` (as OPA's `*_test.rego`)."""
+    return path.stem.endswith("_test") or path.stem.endswith(".test")
+
+
+def policy_files(path: str | Path) -> list[Path]:
+    """The policy files at `path`: the file itself, or a folder's own files (not subfolders).
+
+    A folder is one policy set, as `kubectl apply -f DIR` takes one; subfolders hold other sets.
+    """
+    root = Path(path)
+    if root.is_file():
+        return [root]
+    if not root.is_dir():
+        raise PolicyError([PolicyIssue(str(root), "no such file or directory", code="io")])
+    found = sorted(
+        p for p in root.iterdir() if p.suffix in (".yaml", ".yml") and not is_test_file(p)
+    )
+    if not found:
+        raise PolicyError([PolicyIssue(str(root), "no policy files (*.yaml) found", code="io")])
+    return found
+
+
+def read_sources(path: str | Path) -> list[tuple[str, str]]:
+    """(file name, text) of every policy file under `path`."""
+    sources = []
+    for file in policy_files(path):
+        try:
+            sources.append((str(file), file.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PolicyError([PolicyIssue(str(file), str(exc), code="io")]) from None
+    return sources
+
+
+def revision_of(sources: Iterable[tuple[str, str]]) -> str:
+    """A short hash of the policy sources: stamped on every decision they make."""
+    digest = hashlib.sha256()
+    for name, text in sorted(sources):
+        digest.update(Path(name).name.encode() + b"\0" + text.encode() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def load(path: str | Path, *, backend: Backend | None = None) -> PolicySet:
+    """Load, type-check and compile every policy under `path`; PolicyError lists all problems."""
+    return compile_sources(read_sources(path), backend=backend)
+
+
+def load_default(*, backend: Backend | None = None) -> PolicySet:
+    """The embedded default policy (`policies/default.yaml`), for use with no files at hand."""
+    text = resources.files("policyhook").joinpath("default_policy.yaml").read_text("utf-8")
+    return compile_sources([("<embedded>/default.yaml", text)], backend=backend)
+
+
+def compile_sources(
+    sources: Sequence[tuple[str, str]],
+    *,
+    backend: Backend | None = None,
+    force_audit: bool | None = None,
+) -> PolicySet:
+    """Compile (file name, YAML text) pairs into a PolicySet, collecting every problem."""
+    backend = backend or default_backend()
+    if force_audit is None:
+        force_audit = os.environ.get(FORCE_AUDIT_ENV, "").strip().lower() in _TRUE
+    issues: list[PolicyIssue] = []
+    policies: list[Policy] = []
+    where: dict[str, str] = {}
+    for file, text in sources:
+        for policy in _compile_file(file, text, backend, issues):
+            if policy.name in where:
+                issues.append(
+                    PolicyIssue(
+                        file,
+                        f"policy name {policy.name!r} is already used in {where[policy.name]}",
+                        policy=policy.name,
+                        code="duplicate",
+                    )
+                )
+                continue
+            where[policy.name] = file
+            if force_audit and policy.mode == "enforce":
+                policy = replace(policy, mode="audit")
+            policies.append(policy)
+    if issues:
+        raise PolicyError(issues)
+    if not policies:
+        raise PolicyError([PolicyIssue(sources[0][0] if sources else "<none>", "no policies")])
+    return PolicySet(
+        tuple(sorted(policies, key=lambda p: p.name)),
+        revision_of(sources),
+        backend,
+        tuple(f for f, _ in sources),
+    )
+
+
+def _compile_file(
+    file: str, text: str, backend: Backend, issues: list[PolicyIssue]
+) -> list[Policy]:
+    try:
+        documents = list(yaml.load_all(text, Loader=LocatingLoader))  # a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        issues.append(
+            PolicyIssue(
+                file,
+                f"invalid YAML: {problem}",
+                line=mark.line + 1 if mark else None,
+                column=mark.column + 1 if mark else None,
+                code="yaml",
+            )
+        )
+        return []
+    policies = []
+    for document in documents:
+        if document is None:
+            continue
+        policy = _compile_document(file, document, backend, issues)
+        if policy is not None:
+            policies.append(policy)
+    return policies
+
+
+class _Checker:
+    """Collects the issues of one document, located by the mapping they were found in."""
+
+    def __init__(self, file: str, issues: list[PolicyIssue]) -> None:
+        self.file = file
+        self.issues = issues
+        self.count = 0
+        self.policy: str | None = None
+
+    def issue(
+        self,
+        node: Any,
+        key: str | None,
+        message: str,
+        rule: str | None = None,
+        code: str = "schema",
+    ) -> None:
+        line = column = None
+        if isinstance(node, Located):
+            line, column = node.lines.get(key, node.start) if key else node.start
+        self.count += 1
+        self.issues.append(PolicyIssue(self.file, message, line, column, self.policy, rule, code))
+
+    def mapping(self, node: Any, path: str, allowed: set[str], required: set[str]) -> bool:
+        if not isinstance(node, Mapping):
+            self.issue(node, None, f"{path} must be a mapping, got {type(node).__name__}")
+            return False
+        for key in sorted(set(map(str, node)) - allowed):
+            hint = schema.closest(key, allowed)
+            tip = (
+                f" (did you mean {hint!r}?)" if hint else "; allowed: " + ", ".join(sorted(allowed))
+            )
+            self.issue(node, key, f"unknown key {path}.{key}{tip}")
+        for key in sorted(required - set(map(str, node))):
+            self.issue(node, None, f"{path}.{key} is required")
+        return True
+
+    def string(self, node: Mapping[str, Any], key: str, path: str) -> str | None:
+        value = node.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            self.issue(node, key, f"{path}.{key} must be a non-empty string, got {value!r}")
+            return None
+        return value
+
+
+def _compile_document(
+    file: str, document: Any, backend: Backend, issues: list[PolicyIssue]
+) -> Policy | None:
+    check = _Checker(file, issues)
+    if not check.mapping(document, "document", _TOP_KEYS, _TOP_KEYS):
+        return None
+    metadata = document.get("metadata")
+    name = None
+    if check.mapping(metadata, "metadata", _METADATA_KEYS, {"name"}):
+        name = check.string(metadata, "name", "metadata")
+        if name is not None and not _NAME.match(name):
+            check.issue(
+                metadata,
+                "name",
+                f"metadata.name {name!r} must be lowercase letters, digits, "
+                "'-', '.' or '_', starting and ending with a letter or digit (at most 63)",
+            )
+    check.policy = name
+    if document.get("apiVersion") not in (None, API_VERSION):
+        check.issue(
+            document,
+            "apiVersion",
+            f"apiVersion must be {API_VERSION!r}, got {document.get('apiVersion')!r}",
+        )
+    if document.get("kind") not in (None, KIND):
+        check.issue(document, "kind", f"kind must be {KIND!r}, got {document.get('kind')!r}")
+    spec = document.get("spec")
+    if not check.mapping(spec, "spec", _SPEC_KEYS, {"rules"}):
+        return None
+    mode = spec.get("mode", "enforce")
+    if mode not in MODES:
+        check.issue(spec, "mode", f"spec.mode must be one of {', '.join(MODES)}, got {mode!r}")
+    failure_policy = spec.get("failurePolicy", "deny")
+    if failure_policy not in FAILURE_POLICIES:
+        check.issue(
+            spec,
+            "failurePolicy",
+            f"spec.failurePolicy must be deny or allow, got {failure_policy!r}",
+        )
+    compiler = _ExpressionCompiler(check, backend)
+    conditions = compiler.named_list(spec, "matchConditions", _NAMED_KEYS, variables=())
+    variables = compiler.named_list(spec, "variables", _NAMED_KEYS, variables=())
+    variable_names = tuple(v.name for v in variables)
+    rules = compiler.rules(spec, variable_names)
+    description = spec.get("description", "")
+    if check.count or name is None:
+        return None
+    return Policy(
+        name=name,
+        file=file,
+        mode=str(mode),
+        failure_policy=str(failure_policy),
+        match_conditions=conditions,
+        variables=variables,
+        rules=rules,
+        description=str(description),
+    )
+
+
+class _ExpressionCompiler:
+    """Compiles and type-checks the expressions of one policy against the activation schema."""
+
+    def __init__(self, check: _Checker, backend: Backend) -> None:
+        self.check = check
+        self.backend = backend
+
+    def entries(self, spec: Mapping[str, Any], key: str) -> list[Any]:
+        value = spec.get(key, [])
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            self.check.issue(spec, key, f"spec.{key} must be a list, got {type(value).__name__}")
+            return []
+        return value
+
+    def named_list(
+        self,
+        spec: Mapping[str, Any],
+        key: str,
+        allowed: set[str],
+        variables: tuple[str, ...],
+    ) -> tuple[Expression, ...]:
+        compiled: list[Expression] = []
+        names: set[str] = set()
+        for index, entry in enumerate(self.entries(spec, key)):
+            path = f"spec.{key}[{index}]"
+            if not self.check.mapping(entry, path, allowed, {"name", "expression"}):
+                continue
+            name = self.check.string(entry, "name", path)
+            if name is None:
+                continue
+            if name in names:
+                self.check.issue(entry, "name", f"{path}.name {name!r} is used twice")
+            if key == "variables" and not _VARIABLE_NAME.match(name):
+                self.check.issue(entry, "name", f"{path}.name {name!r} must be an identifier")
+            names.add(name)
+            known = (*variables, *(c.name for c in compiled)) if key == "variables" else ()
+            expression = self.expression(entry, "expression", path, name, known, rule=None)
+            if expression is not None:
+                compiled.append(expression)
+        return tuple(compiled)
+
+    def rules(self, spec: Mapping[str, Any], variables: tuple[str, ...]) -> tuple[Rule, ...]:
+        compiled: list[Rule] = []
+        names: set[str] = set()
+        entries = self.entries(spec, "rules")
+        if not entries and isinstance(spec, Mapping) and "rules" in spec:
+            self.check.issue(spec, "rules", "spec.rules must list at least one rule")
+        for index, entry in enumerate(entries):
+            path = f"spec.rules[{index}]"
+            if not self.check.mapping(entry, path, _RULE_KEYS, {"name", "expression"}):
+                continue
+            name = self.check.string(entry, "name", path)
+            if name is None:
+                continue
+            if name in names:
+                self.check.issue(entry, "name", f"{path}.name {name!r} is used twice", name)
+            names.add(name)
+            message = entry.get("message", "")
+            if not isinstance(message, str):
+                self.check.issue(entry, "message", f"{path}.message must be a string", name)
+            expression = self.expression(entry, "expression", path, name, variables, rule=name)
+            message_expression = None
+            if "messageExpression" in entry:
+                message_expression = self.expression(
+                    entry, "messageExpression", path, name, variables, rule=name
+                )
+            if expression is not None:
+                compiled.append(Rule(name, expression, str(message), message_expression))
+        return tuple(compiled)
+
+    def expression(
+        self,
+        entry: Mapping[str, Any],
+        key: str,
+        path: str,
+        name: str,
+        variables: tuple[str, ...],
+        rule: str | None,
+    ) -> Expression | None:
+        source = self.check.string(entry, key, path)
+        if source is None:
+            return None
+        before = self.check.count
+        try:
+            tree = cel_parse(source)
+        except CompileError as exc:
+            self._at(entry, key, source, exc.line, exc.column, f"{path}.{key}: {exc}", rule, "cel")
+            return None
+        self._type_check(entry, key, source, path, tree, variables, rule)
+        if self.check.count > before:
+            return None
+        try:
+            program = self.backend.compile(source)
+        except CompileError as exc:
+            self._at(entry, key, source, exc.line, exc.column, f"{path}.{key}: {exc}", rule, "cel")
+            return None
+        return Expression(source, program, name)
+
+    def _type_check(
+        self,
+        entry: Mapping[str, Any],
+        key: str,
+        source: str,
+        path: str,
+        tree: Any,
+        variables: tuple[str, ...],
+        rule: str | None,
+    ) -> None:
+        top = {*schema.SCHEMA, "variables"}
+        for ref in cel_references(tree):
+            if ref.variable not in top:
+                hint = schema.closest(ref.variable, top)
+                tip = f"; did you mean {hint!r}?" if hint else f"; known: {', '.join(sorted(top))}"
+                message = f"{path}.{key}: unknown variable {ref.variable!r}{tip}"
+            elif ref.variable == "variables" and ref.field is not None:
+                if ref.field in variables:
+                    continue
+                hint = schema.closest(ref.field, variables)
+                tip = (
+                    f"; did you mean {hint!r}?"
+                    if hint
+                    else (f"; defined before this point: {', '.join(variables) or 'none'}")
+                )
+                message = f"{path}.{key}: variables.{ref.field} is not defined{tip}"
+            elif ref.field is not None and ref.variable != "variables":
+                if schema.field_type(ref.variable, ref.field) is not None:
+                    continue
+                fields = [f.name for f in schema.SCHEMA[ref.variable]]
+                hint = schema.closest(ref.field, fields)
+                tip = f"; did you mean {hint!r}?" if hint else f"; fields: {', '.join(fields)}"
+                message = f"{path}.{key}: {ref.variable} has no field {ref.field!r}{tip}"
+            else:
+                continue
+            self._at(entry, key, source, ref.line, ref.column, message, rule, "type")
+        for cmp in cel_comparisons(tree):
+            left = _operand_type(cmp.left, cmp.left_is_field)
+            right = _operand_type(cmp.right, cmp.right_is_field)
+            if left is None or right is None or left == right:
+                continue
+            hint = ""
+            if {left, right} == {"int", "double"}:
+                hint = "; CEL does not compare int with double: write 1.0 for a double, 1 an int"
+            message = (
+                f"{path}.{key}: cannot compare {cmp.left} ({left}) with {cmp.right} ({right}){hint}"
+            )
+            self._at(entry, key, source, cmp.line, cmp.column, message, rule, "type")
+
+    def _at(
+        self,
+        entry: Mapping[str, Any],
+        key: str,
+        source: str,
+        line: int | None,
+        column: int | None,
+        message: str,
+        rule: str | None,
+        code: str,
+    ) -> None:
+        """Report an issue at a position inside an expression, with the line and a caret."""
+        base_line, base_column = (
+            entry.lines.get(key, entry.start) if isinstance(entry, Located) else (None, None)
+        )
+        snippet = None
+        if line is not None and column is not None:
+            lines = source.splitlines() or [""]
+            text = lines[min(line, len(lines)) - 1]
+            snippet = f"    {text}\n    {' ' * (column - 1)}^"
+            message += f" (expression line {line}, column {column})"
+            if isinstance(entry, Located):
+                base_line, base_column = entry.position(key, line, column)
+        self.check.count += 1
+        self.check.issues.append(
+            PolicyIssue(
+                self.check.file,
+                message,
+                base_line,
+                base_column,
+                self.check.policy,
+                rule,
+                code,
+                snippet,
+            )
+        )
+
+
+def _operand_type(operand: str, is_field: bool) -> str | None:
+    if not is_field:
+        return operand
+    variable, _, name = operand.partition(".")
+    return schema.field_type(variable, name)
