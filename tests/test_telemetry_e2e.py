@@ -27,29 +27,13 @@ from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CollectorRegistry, start_http_server
 from servers import REPO, Server, executable, free_port, get_json, http_ok, start, wait_for
+from test_telemetry import summarizer
+from test_telemetry import summary_with_dead_sources as stale_summary
 
 import policyhook
 from policyhook import otel
 from policyhook.loader import compile_sources
 from policyhook.telemetry import SPAN_NAME, SUMMARIZE_SPAN_NAME
-
-EVIDENCE = "retry ceiling is 7, read from the deployment config at startup (cfg-42)"
-
-
-def summarizer(guard: policyhook.Guard, name: str = "conversation-summary") -> Any:
-    @guard(summarizer=name)
-    def summarize(text: str) -> str:
-        return f"digest of {len(text)} chars: retries are capped at seven attempts."
-
-    return summarize
-
-
-def stale_summary(guard: policyhook.Guard, summarize: Any) -> str:
-    """A depth-1 summary whose only source was evicted: summarizing it again is refused."""
-    guard.record_source(EVIDENCE, kind="config_read", source_id="cfg-42")
-    first: str = summarize(EVIDENCE)
-    guard.store.evict("cfg-42")
-    return first
 
 
 @pytest.fixture(scope="module")

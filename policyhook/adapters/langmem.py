@@ -185,33 +185,27 @@ class GuardedSummarizationNode(upstream.SummarizationNode):  # type: ignore[misc
             "final_prompt": self.final_prompt,
         }
 
+    def _arguments(self, context: dict[str, Any]) -> dict[str, Any]:
+        """The keyword arguments of (a)summarize_messages for this node."""
+        return {
+            "running_summary": context.get("running_summary"),
+            "model": self.model,
+            "guard": self.guard,
+            "summarizer_name": self.summarizer_name,
+            "window": self.window,
+            "raise_on_refusal": self.raise_on_refusal,
+            **self._options(),
+        }
+
     def _func(self, input: Any) -> dict[str, Any]:
         messages, context = self._parse_input(input)
-        result = summarize_messages(
-            messages,
-            running_summary=context.get("running_summary"),
-            model=self.model,
-            guard=self.guard,
-            summarizer_name=self.summarizer_name,
-            window=self.window,
-            raise_on_refusal=self.raise_on_refusal,
-            **self._options(),
-        )
+        result = summarize_messages(messages, **self._arguments(context))
         update: dict[str, Any] = self._prepare_state_update(context, result)
         return update
 
     async def _afunc(self, input: Any) -> dict[str, Any]:
         messages, context = self._parse_input(input)
-        result = await asummarize_messages(
-            messages,
-            running_summary=context.get("running_summary"),
-            model=self.model,
-            guard=self.guard,
-            summarizer_name=self.summarizer_name,
-            window=self.window,
-            raise_on_refusal=self.raise_on_refusal,
-            **self._options(),
-        )
+        result = await asummarize_messages(messages, **self._arguments(context))
         update: dict[str, Any] = self._prepare_state_update(context, result)
         return update
 
