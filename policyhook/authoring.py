@@ -20,6 +20,7 @@ import yaml
 
 from policyhook import activation as schema
 from policyhook import decisionlog
+from policyhook.cel import Backend
 from policyhook.errors import PolicyError
 from policyhook.loader import Located, LocatingLoader, is_test_file, load
 from policyhook.policy import PolicySet
@@ -260,16 +261,19 @@ def _cases(file: Path) -> Iterator[tuple[int | None, str, dict[str, Any], dict[s
         yield line, name, activation, dict(expect)
 
 
-def run_tests(files: list[Path], policies: PolicySet | None = None) -> list[CaseResult]:
+def run_tests(
+    files: list[Path], policies: PolicySet | None = None, backend: Backend | None = None
+) -> list[CaseResult]:
     """Decide every case of `files` and compare with what it expects.
 
-    Each test file is decided by the policies of its own folder, unless `policies` is given.
+    Each test file is decided by the policies of its own folder (compiled for `backend`), unless
+    `policies` is given.
     """
     results = []
     sets: dict[Path, PolicySet] = {}
     for file in files:
         if policies is None and file.parent not in sets:
-            sets[file.parent] = load(file.parent)
+            sets[file.parent] = load(file.parent, backend=backend)
         policy_set = policies or sets[file.parent]
         for line, name, activation, expect in _cases(file):
             decision = policy_set.decide(activation, explain=True)

@@ -376,3 +376,13 @@ class TestDecisions:
             policy("    - name: never\n      expression: 'false'\n"), force_audit=True
         )
         assert compiled.decide(activation()).effect == "would_deny"
+
+
+def test_shipped_policy_tests_pass_under_every_backend(backend: Any) -> None:
+    """Every case of policies/**/*_test.yaml gives its expected decision under each CEL backend."""
+    from policyhook.authoring import run_tests, test_files
+
+    root = Path(__file__).resolve().parent.parent / "policies"
+    results = run_tests(test_files(root), backend=backend)
+    assert len(results) >= 15
+    assert [(r.file, r.name, r.actual) for r in results if r.status != "passed"] == []
