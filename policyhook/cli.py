@@ -7,20 +7,34 @@ error, a failed test, a changed decision with --fail-on-change); 2 bad usage or 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+OTLP_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 
 
 def _demo(args: argparse.Namespace) -> int:
+    """Run the seed scenario; export OTLP when asked, or when the environment names an endpoint.
+
+    The demo never needs a server: without the SDK, an endpoint from the environment is noted
+    and ignored; only an explicit --otlp makes a missing SDK an error.
+    """
     from policyhook.demo import run
 
     telemetry = None
-    if args.otlp:
+    wanted = args.otlp if args.otlp is not None else bool(os.environ.get(OTLP_ENDPOINT_ENV))
+    if wanted:
         from policyhook.otel import configure
 
-        telemetry = configure(service_name="policyhook-demo")
+        try:
+            telemetry = configure(service_name="policyhook-demo")
+        except ImportError as exc:
+            if args.otlp:
+                print(f"policyhook demo --otlp: {exc}", file=sys.stderr)
+                return EXIT_USAGE
+            print(f"policyhook demo: not exporting to ${OTLP_ENDPOINT_ENV}: {exc}", file=sys.stderr)
     try:
         run(sys.stdout)
     finally:
@@ -76,10 +90,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         # exit code 2 would tell Claude Code to block the compaction.
         return _claude_precompact(argparse.Namespace(rest=argv[1:]))
     args = parser().parse_args(argv)
-    if getattr(args, "otlp", False) is None:
-        import os
-
-        args.otlp = bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
     code: int = args.run(args)
     return code
 

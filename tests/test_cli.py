@@ -199,3 +199,38 @@ class TestReplay:
         result = cli("replay", str(ROOT / "policies"), str(log))
         assert result.returncode == 2
         assert f"{log}:5: not a JSON record" in result.stderr
+
+
+class TestDemoExport:
+    @pytest.fixture
+    def no_sdk(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Make the OTLP setup behave as without the `otlp` extra installed."""
+        from policyhook import otel
+
+        def missing(**_: object) -> None:
+            raise ImportError(
+                'policyhook.otel needs the OpenTelemetry SDK: pip install "policyhook[otlp]"'
+            )
+
+        monkeypatch.setattr(otel, "configure", missing)
+
+    def test_endpoint_in_env_without_sdk_still_runs(
+        self, no_sdk: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """An OTLP endpoint in the environment never makes the demo need the SDK or a server."""
+        from policyhook.cli import main
+
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+        assert main(["demo"]) == 0
+        out, err = capsys.readouterr()
+        assert "never entered" in out
+        assert "not exporting to $OTEL_EXPORTER_OTLP_ENDPOINT" in err and "policyhook[otlp]" in err
+
+    def test_explicit_otlp_without_sdk_is_a_usage_error(
+        self, no_sdk: None, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """--otlp without the SDK exits 2 and says what to install."""
+        from policyhook.cli import main
+
+        assert main(["demo", "--otlp"]) == 2
+        assert 'pip install "policyhook[otlp]"' in capsys.readouterr().err
