@@ -447,29 +447,23 @@ def bench_provenance(report: Report, quick: bool) -> None:
     rows = []
     data: dict[str, Any] = {"by_size": {}, "by_summaries": {}, "rebuild": {}}
     ledger, texts = _ledger_with(100, rng)
-    sizes = [1024, 16 * 1024, 256 * 1024, 1024 * 1024, 4 * 1024 * 1024]
-    for size in sizes:
+
+    def throughput(ledger: Ledger, texts: list[str], size: int, label: str) -> dict[str, float]:
+        """Resolve one `size`-char input repeatedly; add its row, return its figures."""
         value = _input(rng, size, texts)
         ledger.resolve(value, "w")
-        stats = measure(lambda v=value: ledger.resolve(v, "w"), _reps_for(size, quick), warmup=2)
+        stats = measure(lambda: ledger.resolve(value, "w"), _reps_for(size, quick), warmup=2)
         mbps = size / stats.median * 1000
-        data["by_size"][size] = {"median_ns": stats.median, "mb_s": mbps}
-        rows.append(
-            [f"{size // 1024:,} KB, 100 tracked", us(stats.median), f"{mbps:,.0f}",
-             f"{stats.median / size:.2f}"]
-        )  # fmt: skip
-    size = 256 * 1024
+        rows.append([label, us(stats.median), f"{mbps:,.0f}", f"{stats.median / size:.2f}"])
+        return {"median_ns": stats.median, "mb_s": mbps}
+
+    for size in [1024, 16 * 1024, 256 * 1024, 1024 * 1024, 4 * 1024 * 1024]:
+        label = f"{size // 1024:,} KB, 100 tracked"
+        data["by_size"][size] = throughput(ledger, texts, size, label)
     for count in (1, 10, 100, 1000):
-        ledger, texts = _ledger_with(count, rng)
-        value = _input(rng, size, texts)
-        ledger.resolve(value, "w")
-        stats = measure(lambda v=value, lg=ledger: lg.resolve(v, "w"), _reps_for(size, quick), 2)
-        mbps = size / stats.median * 1000
-        data["by_summaries"][count] = {"median_ns": stats.median, "mb_s": mbps}
-        rows.append(
-            [f"256 KB, {count:,} tracked", us(stats.median), f"{mbps:,.0f}",
-             f"{stats.median / size:.2f}"]
-        )  # fmt: skip
+        counted, counted_texts = _ledger_with(count, rng)
+        label = f"256 KB, {count:,} tracked"
+        data["by_summaries"][count] = throughput(counted, counted_texts, 256 * 1024, label)
     report.table(
         "Provenance: `Ledger.resolve` throughput",
         ["input, tracked summaries", "median µs", "MB/s", "ns per char"],

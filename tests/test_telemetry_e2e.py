@@ -27,7 +27,7 @@ from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CollectorRegistry, start_http_server
 from servers import REPO, Server, executable, free_port, get_json, http_ok, start, wait_for
-from test_telemetry import summarizer
+from test_telemetry import DECISION_METRIC_ATTRIBUTES, summarizer
 from test_telemetry import summary_with_dead_sources as stale_summary
 
 import policyhook
@@ -155,14 +155,7 @@ class TestPrometheus:
             {"match[]": f'policyhook_decisions_total{{decision="deny",{ours}}}'},
         )["data"]
         assert {k for k in labels[0] if not k.startswith(("otel_", "__"))} >= {
-            "decision",
-            "policy",
-            "rule",
-            "mode",
-            "trigger",
-            "summarizer",
-            "region_kind",
-            "dead_sources",
+            *DECISION_METRIC_ATTRIBUTES,
             "job",
             "instance",
         }
