@@ -1,7 +1,7 @@
 """The CEL activation: the policy author's contract, declared once here.
 
 The loader type-checks every expression against `SCHEMA`, the guard builds activations with
-`build`, and the README's table is generated from `markdown_table` — so the three cannot drift.
+`build`, and docs/policies.md's table is generated from `markdown_table` — so the three cannot drift.
 Activations are plain data (str, int, float, bool, lists): never region text.
 """
 
@@ -162,7 +162,7 @@ def validate(activation: Mapping[str, Any], where: str = "input") -> dict[str, d
 
 
 def markdown_table() -> str:
-    """The README's activation reference, generated from `SCHEMA`."""
+    """The activation reference in docs/policies.md, generated from `SCHEMA`."""
     rows = ["| variable | field | type | meaning |", "|---|---|---|---|"]
     for variable, fields in SCHEMA.items():
         rows += [f"| `{variable}` | `{f.name}` | {f.type} | {f.doc} |" for f in fields]

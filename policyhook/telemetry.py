@@ -9,7 +9,7 @@ POLICYHOOK_CAPTURE_CONTENT=true).
 
 Spans: `policyhook.guard` (one per decision, child of the caller's current span) and, for a
 granted call, `policyhook.summarize` inside it (the summarizer's own work). Metric names are an
-interface: dashboards and alert rules query their Prometheus forms (see the README).
+interface: dashboards and alert rules query their Prometheus forms (see docs/telemetry.md).
 """
 
 from __future__ import annotations

@@ -1,0 +1,119 @@
+"""collector/demo/loop.py, the compose `demo` profile's load generator, against an OTLP sink."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from monitoring_support import DEMO_LOOP, ROOT
+
+
+class _OTLPSink:
+    """A loopback OTLP/HTTP endpoint that keeps what it is sent (127.0.0.1 only, bounded)."""
+
+    def __init__(self) -> None:
+        import gzip
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        received: list[tuple[str, bytes]] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                received.append((self.path, body))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.received = received
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> _OTLPSink:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+class TestDemoLoop:
+    def test_exports_decisions_over_otlp(self, compose: dict[str, Any]) -> None:
+        """collector/demo/loop.py, as compose runs it, exports spans and all metrics via OTLP."""
+        pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+            ExportMetricsServiceRequest,
+        )
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        demo_env = compose["services"]["demo"]["environment"]
+        with _OTLPSink() as sink:
+            env = {
+                **os.environ,
+                **{k: str(v) for k, v in demo_env.items() if k.startswith("OTEL_")},
+                "OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint,
+                "OTEL_METRIC_EXPORT_INTERVAL": "60000",  # one export, at shutdown
+                "POLICYHOOK_DEMO_PASSES": "3",
+                "POLICYHOOK_DEMO_INTERVAL": "0",
+                "PYTHONPATH": os.pathsep.join(
+                    [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+                ),
+            }
+            result = subprocess.run(
+                [sys.executable, str(DEMO_LOOP)],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        metric_names: set[str] = set()
+        services: set[str] = set()
+        decisions: set[str] = set()
+        for path, body in sink.received:
+            if path == "/v1/metrics":
+                request = ExportMetricsServiceRequest.FromString(body)
+                for rm in request.resource_metrics:
+                    services |= {
+                        a.value.string_value
+                        for a in rm.resource.attributes
+                        if a.key == "service.name"
+                    }
+                    metric_names |= {m.name for sm in rm.scope_metrics for m in sm.metrics}
+            elif path == "/v1/traces":
+                request = ExportTraceServiceRequest.FromString(body)
+                for rs in request.resource_spans:
+                    for span in (s for ss in rs.scope_spans for s in ss.spans):
+                        if span.name == "policyhook.guard":
+                            decisions |= {
+                                a.value.string_value
+                                for a in span.attributes
+                                if a.key == "policyhook.decision"
+                            }
+        assert services == {demo_env["OTEL_SERVICE_NAME"]}
+        assert metric_names >= {
+            "policyhook.decisions",
+            "policyhook.decision.duration",
+            "policyhook.region.depth",
+            "policyhook.policy.reloads",
+        }
+        assert decisions >= {"allow", "deny", "would_deny"}, decisions
