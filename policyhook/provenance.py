@@ -8,6 +8,7 @@ embedded, and everything else counts as original content that no store holds yet
 from __future__ import annotations
 
 import hashlib
+import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -36,9 +37,74 @@ _NFA = ahocorasick_rs.Implementation.ContiguousNFA
 UNREGISTERED = "window"
 
 
-def text_id(prefix: str, text: str) -> str:
-    """A stable, content-addressed id: the same text always gets the same id."""
-    return f"{prefix}:{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()[:16]}"
+#: Leading UTF-8 bytes of a text that a store indexes it by, for finding it inside longer input.
+ANCHOR_BYTES = MIN_EMBEDDED_CHARS
+#: Key for ids made without a store (`Region.original`, adapters): random per process, so an id
+#: that leaves the process cannot be reversed by hashing guesses of a short text.
+_PROCESS_KEY = secrets.token_bytes(32)
+
+
+def encode(text: str) -> bytes:
+    """A text's UTF-8 bytes; lone surrogates pass through so every str has a digest."""
+    return text.encode("utf-8", "surrogatepass")
+
+
+def digest(key: bytes, data: bytes) -> str:
+    """Keyed hash of `data` (BLAKE2b-128 keyed with a store's secret): the text's lookup key."""
+    return hashlib.blake2b(data, key=key, digest_size=16).hexdigest()
+
+
+def anchor_of(key: bytes, data: bytes) -> str | None:
+    """Keyed hash of a text's first `ANCHOR_BYTES` bytes; None for texts too short to embed."""
+    if len(data) < ANCHOR_BYTES:
+        return None
+    return hashlib.blake2b(
+        data[:ANCHOR_BYTES], key=key, digest_size=8, person=b"anchor"
+    ).hexdigest()
+
+
+def text_id(prefix: str, text: str, key: bytes | None = None) -> str:
+    """A content-addressed id, keyed: the same text and key always give the same id.
+
+    Ids leave the process (spans, decision logs), so they are keyed hashes: a store's secret
+    (shared by every process using that store) or, without one, a per-process random key.
+    """
+    return f"{prefix}:{digest(key or _PROCESS_KEY, encode(text))[:16]}"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What a store knows about one text, found by its keyed digest.
+
+    Stored normalised, so a store's size is linear in texts: a summary names the summaries it was
+    made from (`parents`) and only the sources it rests on directly (`sources`); everything it
+    rests on is the closure over parents (`Store.rests_on`). A source's entry has depth 0 and
+    `sources == (id,)`. `source_kinds` is the full set of kinds (small, not normalised).
+    """
+
+    digest: str
+    id: str
+    depth: int = 0
+    kind: str = "summary"  # a source's kind, or "summary"
+    size: int = 0  # UTF-8 bytes
+    anchor: str | None = None
+    parents: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
+    source_kinds: tuple[str, ...] = ()
+    window: str = ""
+
+    @classmethod
+    def of_source(cls, key: bytes, source: Source, text: str) -> Entry:
+        data = encode(text)
+        return cls(
+            digest=digest(key, data),
+            id=source.id,
+            kind=source.kind,
+            size=len(data),
+            anchor=anchor_of(key, data),
+            sources=(source.id,),
+            source_kinds=(source.kind,),
+        )
 
 
 @dataclass(frozen=True)
@@ -332,7 +398,18 @@ class Ledger:
     def record_summary(self, text: str, summarized: Region, window: str) -> Region:
         """Remember a granted summary's output, so it is recognised when it comes back."""
         region = summarized.summarized_as(text)
-        self.store.put_summary(window, region, text)
+        key, data = self.store.secret(), encode(text)
+        entry = Entry(
+            digest=digest(key, data),
+            id=region.id,
+            depth=region.depth,
+            size=len(data),
+            anchor=anchor_of(key, data),
+            sources=tuple(sorted(region.sources)),
+            source_kinds=tuple(sorted(region.source_kinds)),
+            window=window,
+        )
+        self.store.put_summary(entry, text)
         with self._lock:
             self._recognizer(window).add(text, region)
         return region

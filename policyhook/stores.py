@@ -1,117 +1,378 @@
-"""Stores: where original evidence lives so that a summary can be re-derived from it.
+"""Stores: where original evidence lives, and the durable record of every text the guard knows.
 
 A source is live while its store can give it back. The guard asks once per decision, for every
 source of the region at once (`live`), so a store costs one round-trip whatever the region's size.
+A store also indexes every text it was given (sources and granted summaries) by a keyed digest, so
+that recognition never depends on what a process happens to cache: a cache miss asks the store.
+The contract every store keeps is written as tests in tests/store_contract.py and in docs/stores.md.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
-from policyhook.provenance import Region, Source
+from policyhook.provenance import Entry, Region, Source, anchor_of, digest, encode
+
+#: What a store knows of a source id: held, dropped by `evict` or capacity, or past its TTL.
+#: An id absent from `states` was never put: unknown, which is not the same as dead.
+State = Literal["live", "evicted", "expired"]
 
 
 @runtime_checkable
 class Store(Protocol):
-    """What the ledger needs from a store. Implementations must be safe for concurrent threads."""
+    """What the ledger needs from a store. Implementations must be safe for concurrent threads
+    and, when shared, for concurrent processes (two processes on one store see the same secret,
+    the same entries and the same liveness)."""
+
+    def secret(self) -> bytes:
+        """The key ids and digests are made with: created once, then the same for every process."""
 
     def put_source(self, source: Source, text: str) -> None:
-        """Hold `text` under `source.id` until evicted (re-putting the same id replaces it)."""
+        """Hold `text` under `source.id` (re-putting an id replaces it, reviving an evicted one)
+        and index it by digest and anchor."""
 
     def get_source(self, source_id: str) -> str | None:
-        """Give the original back, or None when it is gone."""
+        """Give the original back, or None when it is gone (evicted, expired or never put)."""
 
     def evict(self, source_id: str) -> bool:
-        """Drop a source; it is dead for every later decision. True if it was held."""
+        """Drop a source's text, leaving a tombstone: it is dead for every later decision and
+        still known (its entry stays). True if it was held."""
 
     def live(self, source_ids: Collection[str]) -> frozenset[str]:
-        """The subset of `source_ids` still held, in one lookup."""
+        """The subset of `source_ids` held now, in one lookup."""
+
+    def states(self, source_ids: Collection[str]) -> dict[str, State]:
+        """Each known id's state, in one lookup; ids never put are left out (unknown)."""
+
+    def put_summary(self, entry: Entry, text: str) -> None:
+        """Remember a granted summary (normalised `entry`) of `entry.window`, with its text."""
+
+    def lookup(self, digests: Collection[str]) -> dict[str, Entry]:
+        """The entries of the texts with these digests (sources, evicted ones too, and
+        summaries), in one lookup. A digest not returned is a text this store never saw."""
+
+    def by_anchor(self, anchors: Collection[str]) -> list[Entry]:
+        """Entries whose anchor (keyed hash of the first bytes) is one of `anchors`."""
+
+    def rests_on(self, summary_ids: Collection[str]) -> dict[str, frozenset[str]]:
+        """Every source id each summary rests on, transitively through its parents."""
+
+    def window_depth(self, window: str) -> int:
+        """The deepest summary recorded in `window` (0 if none): O(1)."""
+
+    def since(self, cursor: int, limit: int) -> tuple[int, list[tuple[Entry, str | None]]]:
+        """Up to `limit` entries recorded after `cursor` (0: from the start), oldest first, each
+        with its text when still held; and the cursor to pass next. For caches to catch up with
+        other processes' writes; cheap when nothing changed."""
 
     def sources(self, limit: int) -> list[tuple[Source, str]]:
-        """The most recently put sources (for recognition after a restart)."""
-
-    def put_summary(self, window: str, region: Region, text: str) -> None:
-        """Remember a granted summary of `window` with its provenance."""
+        """The most recently put sources still held (for inspection and adapters' tests)."""
 
     def summaries(self, window: str, limit: int) -> list[tuple[Region, str]]:
-        """The most recent summaries of `window`, oldest first."""
+        """The most recent summaries of `window` still held, oldest first, with provenance."""
 
 
 class MemoryStore:
-    """A process-local store: for tests, demos and runtimes that keep originals in memory."""
+    """A process-local store: for tests, demos and runtimes that keep originals in memory.
 
-    def __init__(self) -> None:
+    Bounded: at most `max_sources` source texts and as many summary texts are held (oldest put
+    first out; an evicted source leaves a tombstone), and a source put more than `ttl` seconds
+    ago expires. Entries (a few hundred bytes per text, no text) are kept so what was known stays
+    known.
+    """
+
+    def __init__(self, *, max_sources: int | None = None, ttl: float | None = None) -> None:
+        if max_sources is not None and max_sources < 1:
+            raise ValueError(f'"max_sources" must be >= 1: {max_sources}')
+        if ttl is not None and ttl <= 0:
+            raise ValueError(f'"ttl" must be > 0 seconds: {ttl}')
+        self.max_sources = max_sources
+        self.ttl = ttl
+        self._secret = os.urandom(32)
         self._lock = threading.Lock()
-        self._sources: OrderedDict[str, tuple[Source, str]] = OrderedDict()
-        self._summaries: dict[str, OrderedDict[str, tuple[Region, str]]] = {}
+        self._held: OrderedDict[str, tuple[Source, str, float]] = OrderedDict()  # id -> expiry
+        self._dead: dict[str, State] = {}
+        self._entries: dict[str, Entry] = {}  # digest -> entry
+        self._by_id: dict[str, Entry] = {}  # summary id -> entry
+        self._by_anchor: dict[str, list[str]] = {}  # anchor -> digests
+        self._texts: OrderedDict[str, str] = OrderedDict()  # summary digest -> text, bounded
+        self._log: list[str] = []  # digests in record order, for `since`
+        self._depths: dict[str, int] = {}
+
+    def secret(self) -> bytes:
+        return self._secret
+
+    def _index(self, entry: Entry) -> None:
+        previous = self._entries.get(entry.digest)
+        if previous is None and entry.anchor is not None:
+            self._by_anchor.setdefault(entry.anchor, []).append(entry.digest)
+        self._entries[entry.digest] = entry
+        self._log.append(entry.digest)
+
+    def _expire(self, now: float) -> None:
+        while self._held:
+            source_id, (_, _, expires) = next(iter(self._held.items()))
+            if expires > now:
+                return
+            del self._held[source_id]
+            self._dead[source_id] = "expired"
 
     def put_source(self, source: Source, text: str) -> None:
+        entry = Entry.of_source(self._secret, source, text)
         with self._lock:
-            self._sources[source.id] = (source, text)
-            self._sources.move_to_end(source.id)
+            now = time.monotonic()
+            self._held.pop(source.id, None)
+            self._held[source.id] = (source, text, now + self.ttl if self.ttl else float("inf"))
+            self._dead.pop(source.id, None)
+            self._index(entry)
+            if self.max_sources is not None:
+                while len(self._held) > self.max_sources:
+                    dropped, _ = self._held.popitem(last=False)
+                    self._dead[dropped] = "evicted"
+
+    def _held_now(self, source_id: str) -> tuple[Source, str, float] | None:
+        self._expire(time.monotonic())
+        return self._held.get(source_id)
 
     def get_source(self, source_id: str) -> str | None:
         with self._lock:
-            held = self._sources.get(source_id)
+            held = self._held_now(source_id)
         return None if held is None else held[1]
 
     def evict(self, source_id: str) -> bool:
         with self._lock:
-            return self._sources.pop(source_id, None) is not None
+            if self._held_now(source_id) is None:
+                return False
+            del self._held[source_id]
+            self._dead[source_id] = "evicted"
+            return True
 
     def live(self, source_ids: Collection[str]) -> frozenset[str]:
         with self._lock:
-            return frozenset(s for s in source_ids if s in self._sources)
+            self._expire(time.monotonic())
+            return frozenset(s for s in source_ids if s in self._held)
+
+    def states(self, source_ids: Collection[str]) -> dict[str, State]:
+        with self._lock:
+            self._expire(time.monotonic())
+            out: dict[str, State] = {}
+            for s in source_ids:
+                if s in self._held:
+                    out[s] = "live"
+                elif s in self._dead:
+                    out[s] = self._dead[s]
+            return out
+
+    def put_summary(self, entry: Entry, text: str) -> None:
+        with self._lock:
+            self._index(entry)
+            self._by_id[entry.id] = entry
+            self._texts[entry.digest] = text
+            self._texts.move_to_end(entry.digest)
+            if self.max_sources is not None:
+                while len(self._texts) > self.max_sources:
+                    self._texts.popitem(last=False)
+            self._depths[entry.window] = max(self._depths.get(entry.window, 0), entry.depth)
+
+    def lookup(self, digests: Collection[str]) -> dict[str, Entry]:
+        with self._lock:
+            return {d: self._entries[d] for d in digests if d in self._entries}
+
+    def by_anchor(self, anchors: Collection[str]) -> list[Entry]:
+        with self._lock:
+            return [self._entries[d] for a in anchors for d in self._by_anchor.get(a, ())]
+
+    def rests_on(self, summary_ids: Collection[str]) -> dict[str, frozenset[str]]:
+        with self._lock:
+            return {s: frozenset(_closure(s, self._by_id.get)) for s in summary_ids}
+
+    def window_depth(self, window: str) -> int:
+        with self._lock:
+            return self._depths.get(window, 0)
+
+    def since(self, cursor: int, limit: int) -> tuple[int, list[tuple[Entry, str | None]]]:
+        with self._lock:
+            self._expire(time.monotonic())
+            digests = self._log[cursor : cursor + limit]
+            out: list[tuple[Entry, str | None]] = []
+            for d in digests:
+                entry = self._entries[d]
+                if entry.depth == 0:
+                    held = self._held.get(entry.id)
+                    out.append((entry, held[1] if held is not None else None))
+                else:
+                    out.append((entry, self._texts.get(d)))
+            return cursor + len(digests), out
 
     def sources(self, limit: int) -> list[tuple[Source, str]]:
         with self._lock:
-            return list(self._sources.values())[-limit:]
-
-    def put_summary(self, window: str, region: Region, text: str) -> None:
-        with self._lock:
-            held = self._summaries.setdefault(window, OrderedDict())
-            held[region.id] = (region, text)
-            held.move_to_end(region.id)
+            self._expire(time.monotonic())
+            return [(s, t) for s, t, _ in list(self._held.values())[-limit:]]
 
     def summaries(self, window: str, limit: int) -> list[tuple[Region, str]]:
         with self._lock:
-            return list(self._summaries.get(window, {}).values())[-limit:]
+            held = [
+                (self._entries[d], t)
+                for d, t in self._texts.items()
+                if self._entries[d].window == window
+            ][-limit:]
+            return [(_region(e, frozenset(_closure(e.id, self._by_id.get))), t) for e, t in held]
 
 
+def _closure(summary_id: str, get: Callable[[str], Entry | None]) -> set[str]:
+    """Every source id a summary rests on, walking parent links once each."""
+    sources: set[str] = set()
+    seen = {summary_id}
+    todo = [summary_id]
+    while todo:
+        entry = get(todo.pop())
+        if entry is None:
+            continue
+        sources.update(entry.sources)
+        for parent in entry.parents:
+            if parent not in seen:
+                seen.add(parent)
+                todo.append(parent)
+    return sources
+
+
+def _region(entry: Entry, sources: frozenset[str]) -> Region:
+    return Region(
+        id=entry.id,
+        depth=entry.depth,
+        sources=sources,
+        source_kinds=frozenset(entry.source_kinds),
+        chars=entry.size,
+    )
+
+
+_SCHEMA_VERSION = 2
 _SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+-- A source's text is NULL once evicted (the row is its tombstone), expires is a unix time.
 CREATE TABLE IF NOT EXISTS sources (
-    id TEXT PRIMARY KEY, kind TEXT NOT NULL, text TEXT NOT NULL
+    id TEXT PRIMARY KEY, kind TEXT NOT NULL, text TEXT, expires REAL,
+    state TEXT NOT NULL DEFAULT 'live'
 );
--- rowid order is insertion order: INSERT OR REPLACE gives a replaced row a new, larger rowid.
-CREATE TABLE IF NOT EXISTS summaries (
-    id TEXT NOT NULL, window TEXT NOT NULL, depth INTEGER NOT NULL, sources TEXT NOT NULL,
-    source_kinds TEXT NOT NULL, text TEXT NOT NULL,
-    PRIMARY KEY (window, id)
+-- One row per text known, normalised: parents and direct sources only, so size is linear.
+CREATE TABLE IF NOT EXISTS entries (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, digest TEXT NOT NULL UNIQUE, id TEXT NOT NULL,
+    depth INTEGER NOT NULL, kind TEXT NOT NULL, size INTEGER NOT NULL, anchor TEXT,
+    parents TEXT NOT NULL, direct TEXT NOT NULL, source_kinds TEXT NOT NULL,
+    window TEXT NOT NULL, text TEXT
 );
+CREATE INDEX IF NOT EXISTS entries_anchor ON entries (anchor) WHERE anchor IS NOT NULL;
+CREATE INDEX IF NOT EXISTS entries_id ON entries (id);
+CREATE INDEX IF NOT EXISTS entries_window ON entries (window, seq) WHERE depth > 0;
+CREATE TABLE IF NOT EXISTS windows (window TEXT PRIMARY KEY, depth INTEGER NOT NULL);
 """
+_ENTRY_COLUMNS = "digest, id, depth, kind, size, anchor, parents, direct, source_kinds, window"
+_E_COLUMNS = ", ".join(f"e.{c}" for c in _ENTRY_COLUMNS.split(", "))
+
+
+def _entry(row: Iterable[object]) -> Entry:
+    d, i, depth, kind, size, anchor, parents, direct, kinds, window = row
+    return Entry(
+        digest=str(d),
+        id=str(i),
+        depth=int(depth),  # type: ignore[call-overload]
+        kind=str(kind),
+        size=int(size),  # type: ignore[call-overload]
+        anchor=None if anchor is None else str(anchor),
+        parents=tuple(json.loads(str(parents))),
+        sources=tuple(json.loads(str(direct))),
+        source_kinds=tuple(json.loads(str(kinds))),
+        window=str(window),
+    )
 
 
 class SQLiteStore:
-    """The embedded durable store: one SQLite file, survives restarts, safe across threads.
+    """The embedded durable store: one SQLite file, survives restarts, safe across threads and
+    processes.
 
     One connection guarded by a lock: SQLite serialises writers anyway, and a single connection
-    keeps every thread's view consistent. WAL lets other processes read while we write.
+    keeps every thread's view consistent. WAL lets other processes read while we write. `ttl`
+    (seconds) makes sources expire; `since` answers from memory while `PRAGMA data_version`
+    says no other connection wrote.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, ttl: float | None = None) -> None:
+        if ttl is not None and ttl <= 0:
+            raise ValueError(f'"ttl" must be > 0 seconds: {ttl}')
         self.path = Path(path)
+        self.ttl = ttl
         self._lock = threading.Lock()
+        self._data_version = -1  # of the other connections' commits, when `since` last read
+        self._head = 0  # highest entry seq this connection has seen or written
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         with self._lock:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
+            self._db.execute("PRAGMA busy_timeout=5000")
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                version = self._db.execute("PRAGMA user_version").fetchone()[0]
+                legacy = version < _SCHEMA_VERSION and self._has_table("summaries")
+                if legacy:
+                    self._db.execute("ALTER TABLE sources RENAME TO legacy_sources")
+                    self._db.execute("ALTER TABLE summaries RENAME TO legacy_summaries")
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        self._db.execute(statement)
+                self._db.execute(
+                    "INSERT OR IGNORE INTO meta VALUES ('secret', ?)", (os.urandom(32),)
+                )
+                self._secret = bytes(
+                    self._db.execute("SELECT value FROM meta WHERE key = 'secret'").fetchone()[0]
+                )
+                if legacy:
+                    self._migrate()
+                self._db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def _has_table(self, name: str) -> bool:
+        row = self._db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+        ).fetchone()
+        return row is not None
+
+    def _migrate(self) -> None:
+        """Schema 1 (summaries copying their full source lists) to normalised entries."""
+        for source_id, kind, text in self._db.execute(
+            "SELECT id, kind, text FROM legacy_sources ORDER BY rowid"
+        ).fetchall():
+            self._put_source(Source(source_id, kind), text)
+        for summary_id, window, depth, sources, kinds, text in self._db.execute(
+            "SELECT id, window, depth, sources, source_kinds, text FROM legacy_summaries "
+            "ORDER BY rowid"
+        ).fetchall():
+            data = encode(text)
+            self._put_summary(
+                Entry(
+                    digest=digest(self._secret, data),
+                    id=summary_id,
+                    depth=depth,
+                    size=len(data),
+                    anchor=anchor_of(self._secret, data),
+                    sources=tuple(json.loads(sources)),
+                    source_kinds=tuple(json.loads(kinds)),
+                    window=window,
+                ),
+                text,
+            )
+        self._db.execute("DROP TABLE legacy_sources")
+        self._db.execute("DROP TABLE legacy_summaries")
 
     def close(self) -> None:
         with self._lock:
@@ -123,70 +384,193 @@ class SQLiteStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def secret(self) -> bytes:
+        return self._secret
+
+    def _put_entry(self, entry: Entry, text: str | None) -> None:
+        cursor = self._db.execute(
+            f"INSERT OR REPLACE INTO entries ({_ENTRY_COLUMNS}, text) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                entry.digest,
+                entry.id,
+                entry.depth,
+                entry.kind,
+                entry.size,
+                entry.anchor,
+                json.dumps(entry.parents),
+                json.dumps(entry.sources),
+                json.dumps(entry.source_kinds),
+                entry.window,
+                text,
+            ),
+        )
+        self._head = max(self._head, cursor.lastrowid or 0)
+
+    def _put_source(self, source: Source, text: str) -> None:
+        expires = time.time() + self.ttl if self.ttl else None
+        self._db.execute(
+            "INSERT OR REPLACE INTO sources (id, kind, text, expires, state) "
+            "VALUES (?, ?, ?, ?, 'live')",
+            (source.id, source.kind, text, expires),
+        )
+        self._put_entry(Entry.of_source(self._secret, source, text), None)
+
     def put_source(self, source: Source, text: str) -> None:
         with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO sources (id, kind, text) VALUES (?, ?, ?)",
-                (source.id, source.kind, text),
-            )
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._put_source(source, text)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
 
     def get_source(self, source_id: str) -> str | None:
         with self._lock:
-            row = self._db.execute("SELECT text FROM sources WHERE id = ?", (source_id,)).fetchone()
+            row = self._db.execute(
+                "SELECT text FROM sources WHERE id = ? AND state = 'live' "
+                "AND (expires IS NULL OR expires > ?)",
+                (source_id, time.time()),
+            ).fetchone()
         return None if row is None else str(row[0])
 
     def evict(self, source_id: str) -> bool:
         with self._lock:
-            return self._db.execute("DELETE FROM sources WHERE id = ?", (source_id,)).rowcount > 0
+            return (
+                self._db.execute(
+                    "UPDATE sources SET text = NULL, state = 'evicted' WHERE id = ? "
+                    "AND state = 'live' AND (expires IS NULL OR expires > ?)",
+                    (source_id, time.time()),
+                ).rowcount
+                > 0
+            )
 
     def live(self, source_ids: Collection[str]) -> frozenset[str]:
         if not source_ids:
             return frozenset()
         with self._lock:
             rows = self._db.execute(
-                "SELECT s.id FROM json_each(?) AS j JOIN sources AS s ON s.id = j.value",
-                (json.dumps(list(source_ids)),),
+                "SELECT s.id FROM json_each(?) AS j JOIN sources AS s ON s.id = j.value "
+                "WHERE s.state = 'live' AND (s.expires IS NULL OR s.expires > ?)",
+                (json.dumps(list(source_ids)), time.time()),
             ).fetchall()
         return frozenset(r[0] for r in rows)
+
+    def states(self, source_ids: Collection[str]) -> dict[str, State]:
+        if not source_ids:
+            return {}
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT s.id, CASE WHEN s.state = 'live' AND s.expires <= ? THEN 'expired' "
+                "ELSE s.state END FROM json_each(?) AS j JOIN sources AS s ON s.id = j.value",
+                (time.time(), json.dumps(list(source_ids))),
+            ).fetchall()
+        return {i: s for i, s in rows}
+
+    def _put_summary(self, entry: Entry, text: str) -> None:
+        self._put_entry(entry, text)
+        self._db.execute(
+            "INSERT INTO windows VALUES (?, ?) ON CONFLICT (window) "
+            "DO UPDATE SET depth = max(depth, excluded.depth)",
+            (entry.window, entry.depth),
+        )
+
+    def put_summary(self, entry: Entry, text: str) -> None:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._put_summary(entry, text)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def lookup(self, digests: Collection[str]) -> dict[str, Entry]:
+        if not digests:
+            return {}
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_E_COLUMNS} "
+                "FROM json_each(?) AS j JOIN entries AS e ON e.digest = j.value",
+                (json.dumps(list(digests)),),
+            ).fetchall()
+        return {e.digest: e for e in map(_entry, rows)}
+
+    def by_anchor(self, anchors: Collection[str]) -> list[Entry]:
+        if not anchors:
+            return []
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_E_COLUMNS} "
+                "FROM json_each(?) AS j JOIN entries AS e ON e.anchor = j.value",
+                (json.dumps(list(anchors)),),
+            ).fetchall()
+        return [_entry(r) for r in rows]
+
+    def rests_on(self, summary_ids: Collection[str]) -> dict[str, frozenset[str]]:
+        if not summary_ids:
+            return {}
+        with self._lock:
+            rows = self._db.execute(
+                """
+                WITH RECURSIVE up (root, id) AS (
+                    SELECT value, value FROM json_each(?)
+                    UNION
+                    SELECT up.root, p.value FROM up
+                    JOIN entries AS e ON e.id = up.id AND e.depth > 0, json_each(e.parents) AS p
+                )
+                SELECT up.root, s.value FROM up
+                JOIN entries AS e ON e.id = up.id AND e.depth > 0, json_each(e.direct) AS s
+                """,
+                (json.dumps(list(summary_ids)),),
+            ).fetchall()
+        out: dict[str, set[str]] = {s: set() for s in summary_ids}
+        for root, source_id in rows:
+            out[root].add(source_id)
+        return {k: frozenset(v) for k, v in out.items()}
+
+    def window_depth(self, window: str) -> int:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT depth FROM windows WHERE window = ?", (window,)
+            ).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def since(self, cursor: int, limit: int) -> tuple[int, list[tuple[Entry, str | None]]]:
+        with self._lock:
+            version = self._db.execute("PRAGMA data_version").fetchone()[0]
+            if version == self._data_version and cursor >= self._head:
+                return cursor, []  # no other connection wrote, and we wrote nothing newer
+            rows = self._db.execute(
+                f"SELECT seq, {_E_COLUMNS}, CASE WHEN e.depth > 0 THEN e.text ELSE "
+                "(SELECT s.text FROM sources AS s WHERE s.id = e.id AND s.state = 'live') END "
+                "FROM entries AS e WHERE seq > ? ORDER BY seq LIMIT ?",
+                (cursor, limit),
+            ).fetchall()
+            if len(rows) < limit:  # caught up with every commit up to `version`
+                self._data_version = version
+            if not rows:
+                return cursor, []
+            self._head = max(self._head, rows[-1][0])
+        return rows[-1][0], [(_entry(r[1:-1]), r[-1]) for r in rows]
 
     def sources(self, limit: int) -> list[tuple[Source, str]]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT id, kind, text FROM sources ORDER BY rowid DESC LIMIT ?", (limit,)
+                "SELECT id, kind, text FROM sources WHERE state = 'live' "
+                "AND (expires IS NULL OR expires > ?) ORDER BY rowid DESC LIMIT ?",
+                (time.time(), limit),
             ).fetchall()
         return [(Source(i, k), t) for i, k, t in reversed(rows)]
-
-    def put_summary(self, window: str, region: Region, text: str) -> None:
-        with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO summaries VALUES (?, ?, ?, ?, ?, ?)",
-                (
-                    region.id,
-                    window,
-                    region.depth,
-                    json.dumps(sorted(region.sources)),
-                    json.dumps(sorted(region.source_kinds)),
-                    text,
-                ),
-            )
 
     def summaries(self, window: str, limit: int) -> list[tuple[Region, str]]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT id, depth, sources, source_kinds, text FROM summaries WHERE window = ? "
-                "ORDER BY rowid DESC LIMIT ?",
+                f"SELECT {_ENTRY_COLUMNS}, text FROM entries WHERE window = ? AND depth > 0 "
+                "ORDER BY seq DESC LIMIT ?",
                 (window, limit),
             ).fetchall()
-        return [
-            (
-                Region(
-                    id=i,
-                    depth=d,
-                    sources=frozenset(json.loads(s)),
-                    source_kinds=frozenset(json.loads(k)),
-                    chars=len(t),
-                ),
-                t,
-            )
-            for i, d, s, k, t in reversed(rows)
-        ]
+        held = [(_entry(r[:-1]), str(r[-1])) for r in reversed(rows)]
+        closures = self.rests_on([e.id for e, _ in held])
+        return [(_region(e, closures[e.id]), t) for e, t in held]

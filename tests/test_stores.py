@@ -3,83 +3,81 @@
 from __future__ import annotations
 
 import sqlite3
-import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from store_contract import MakeStore, Reopen, StoreContract, summary
 
-from policyhook import Guard, MemoryStore, Region, Source, SQLiteStore, UnsafeRecompactionError
+from policyhook import Guard, MemoryStore, Source, SQLiteStore, UnsafeRecompactionError
 from policyhook.stores import Store
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "memory":
-        yield MemoryStore()
-    else:
-        with SQLiteStore(tmp_path / "ph.db") as s:
-            yield s
+class TestMemoryStoreContract(StoreContract):
+    @pytest.fixture
+    def make_store(self) -> MakeStore:
+        return MemoryStore
+
+    @pytest.fixture
+    def reopen(self) -> Reopen:
+        return lambda store: store  # process-local: every handle is the store itself
 
 
-class TestStore:
-    def test_live_is_the_held_subset(self, store: Store) -> None:
-        """live() returns exactly the ids the store holds."""
-        store.put_source(Source("a", "config_read"), "A")
-        store.put_source(Source("b", "user_turn"), "B")
-        assert store.live(["a", "b", "c"]) == {"a", "b"}
-        assert store.live([]) == frozenset()
+class TestSQLiteStoreContract(StoreContract):
+    @pytest.fixture
+    def make_store(self, tmp_path: Path) -> Iterator[MakeStore]:
+        opened: list[SQLiteStore] = []
 
-    def test_evict_makes_a_source_dead(self, store: Store) -> None:
-        """After evict(), the source is no longer live and cannot be given back."""
-        store.put_source(Source("a", "config_read"), "A")
-        assert store.evict("a") is True
-        assert store.evict("a") is False
-        assert store.live(["a"]) == frozenset()
-        assert store.get_source("a") is None
+        def make(**options: Any) -> SQLiteStore:
+            opened.append(SQLiteStore(tmp_path / f"ph{len(opened)}.db", **options))
+            return opened[-1]
 
-    def test_gives_the_original_back(self, store: Store) -> None:
-        """get_source returns the text that was put."""
-        store.put_source(Source("a", "config_read"), "retry_ceiling: 7")
-        assert store.get_source("a") == "retry_ceiling: 7"
+        yield make
+        for s in opened:
+            s.close()
 
-    def test_summaries_are_kept_per_window_in_order(self, store: Store) -> None:
-        """summaries() returns a window's most recent summaries, oldest first, with provenance."""
-        for i in range(3):
-            region = Region(
-                id=f"s{i}",
-                depth=i + 1,
-                sources=frozenset({"a", f"t{i}"}),
-                source_kinds=frozenset({"config_read"}),
-            )
-            store.put_summary("w", region, f"text {i}")
-        store.put_summary("other", Region(id="x", depth=1), "other text")
-        got = store.summaries("w", 2)
-        assert [(r.id, r.depth, t) for r, t in got] == [("s1", 2, "text 1"), ("s2", 3, "text 2")]
-        assert got[0][0].sources == {"a", "t1"}
+    @pytest.fixture
+    def reopen(self) -> Iterator[Reopen]:
+        opened: list[SQLiteStore] = []
 
-    def test_concurrent_threads(self, store: Store) -> None:
-        """Eight threads putting, checking and evicting lose nothing and raise nothing."""
-        errors: list[BaseException] = []
+        def again(store: Store) -> SQLiteStore:
+            assert isinstance(store, SQLiteStore)
+            opened.append(SQLiteStore(store.path, ttl=store.ttl))
+            return opened[-1]
 
-        def work(n: int) -> None:
-            try:
-                for i in range(100):
-                    store.put_source(Source(f"{n}-{i}", "tool_output"), f"text {n} {i}")
-                    assert store.live([f"{n}-{i}"]) == {f"{n}-{i}"}
-                    if i % 2:
-                        store.evict(f"{n}-{i}")
-            except BaseException as exc:
-                errors.append(exc)
+        yield again
+        for s in opened:
+            s.close()
 
-        threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert errors == []
-        ids = [f"{n}-{i}" for n in range(8) for i in range(100)]
-        assert len(store.live(ids)) == 8 * 50
+
+class TestMemoryStoreBounds:
+    def test_max_sources_evicts_oldest_with_tombstones(self) -> None:
+        """Past max_sources, the oldest sources are evicted and known as evicted."""
+        store = MemoryStore(max_sources=3)
+        for i in range(5):
+            store.put_source(Source(f"s{i}", "tool_output"), f"text {i}")
+        assert store.live([f"s{i}" for i in range(5)]) == {"s2", "s3", "s4"}
+        assert store.states(["s0", "s1", "s9"]) == {"s0": "evicted", "s1": "evicted"}
+
+    def test_summary_texts_are_bounded_but_stay_known(self) -> None:
+        """Past max_sources summary texts, the oldest text is dropped and its entry kept."""
+        store = MemoryStore(max_sources=2)
+        entries = [summary(store, f"summary number {i} text") for i in range(4)]
+        for i, e in enumerate(entries):
+            store.put_summary(e, f"summary number {i} text")
+        assert [t for _, t in store.summaries("w", 10)] == [
+            "summary number 2 text",
+            "summary number 3 text",
+        ]
+        assert store.lookup([entries[0].digest]) == {entries[0].digest: entries[0]}
+
+    def test_bad_bounds_are_clear_errors(self) -> None:
+        """max_sources < 1 and ttl <= 0 are refused, naming the parameter and value."""
+        with pytest.raises(ValueError, match='"max_sources" must be >= 1: 0'):
+            MemoryStore(max_sources=0)
+        with pytest.raises(ValueError, match='"ttl" must be > 0 seconds: -1'):
+            MemoryStore(ttl=-1)
 
 
 class TestSQLite:
@@ -115,3 +113,39 @@ class TestSQLite:
         """A store path in a missing folder fails at construction, naming the problem."""
         with pytest.raises(sqlite3.OperationalError, match="unable to open"):
             SQLiteStore(tmp_path / "missing" / "ph.db")
+
+    def test_bad_ttl_is_a_clear_error(self, tmp_path: Path) -> None:
+        """ttl <= 0 is refused, naming the parameter and value."""
+        with pytest.raises(ValueError, match='"ttl" must be > 0 seconds: 0'):
+            SQLiteStore(tmp_path / "ph.db", ttl=0)
+
+    def test_schema_1_file_is_migrated(self, tmp_path: Path) -> None:
+        """A store file written before normalisation keeps its sources and summaries."""
+        path = tmp_path / "old.db"
+        db = sqlite3.connect(path)
+        db.executescript(
+            """
+            CREATE TABLE sources (id TEXT PRIMARY KEY, kind TEXT NOT NULL, text TEXT NOT NULL);
+            CREATE TABLE summaries (
+                id TEXT NOT NULL, window TEXT NOT NULL, depth INTEGER NOT NULL,
+                sources TEXT NOT NULL, source_kinds TEXT NOT NULL, text TEXT NOT NULL,
+                PRIMARY KEY (window, id));
+            INSERT INTO sources VALUES ('cfg', 'config_read', 'config: retry_ceiling = 7');
+            INSERT INTO summaries VALUES ('s:1', 'w', 2, '["cfg", "t1"]', '["config_read"]',
+                                          'Summary: retry ceiling is 7.');
+            """
+        )
+        db.commit()
+        db.close()
+        with SQLiteStore(path) as store:
+            assert store.get_source("cfg") == "config: retry_ceiling = 7"
+            [(region, text)] = store.summaries("w", 10)
+            assert (region.id, region.depth, set(region.sources), text) == (
+                "s:1",
+                2,
+                {"cfg", "t1"},
+                "Summary: retry ceiling is 7.",
+            )
+            assert store.window_depth("w") == 2
+        with SQLiteStore(path) as again:  # migrating twice is a no-op
+            assert len(again.summaries("w", 10)) == 1

@@ -1,0 +1,307 @@
+"""The Store contract, as tests every store must pass (docs/stores.md says the same in prose).
+
+Use it by subclassing `StoreContract` in a test module and providing two fixtures:
+
+- `make_store(**options)`: a new, empty store (options: `ttl` in seconds; a store without TTL
+  support may `pytest.skip`);
+- `reopen(store)`: a second handle on the same backing data, as another process would open it
+  (for a process-local store, the store itself).
+
+    class TestMyStore(StoreContract):
+        @pytest.fixture
+        def make_store(self): ...
+        @pytest.fixture
+        def reopen(self): ...
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from policyhook.provenance import Entry, Source, anchor_of, digest, encode
+from policyhook.stores import Store
+
+MakeStore = Callable[..., Store]
+Reopen = Callable[[Store], Store]
+
+
+def summary(store: Store, text: str, *, window: str = "w", depth: int = 1, **fields: Any) -> Entry:
+    """The entry a ledger would write for summary `text` (keyed with the store's secret)."""
+    data = encode(text)
+    key = store.secret()
+    return Entry(
+        digest=digest(key, data),
+        id=f"s:{digest(key, data)[:16]}",
+        depth=depth,
+        size=len(data),
+        anchor=anchor_of(key, data),
+        window=window,
+        **fields,
+    )
+
+
+class StoreContract:
+    """What the ledger relies on from every store."""
+
+    @pytest.fixture
+    def store(self, make_store: MakeStore) -> Store:
+        return make_store()
+
+    # -- the secret -----------------------------------------------------------------------------
+
+    def test_secret_is_stable_and_shared(self, store: Store, reopen: Reopen) -> None:
+        """The secret is at least 16 random bytes, the same on every call and for every handle."""
+        secret = store.secret()
+        assert isinstance(secret, bytes) and len(secret) >= 16
+        assert store.secret() == secret
+        assert reopen(store).secret() == secret
+
+    def test_stores_have_different_secrets(self, make_store: MakeStore) -> None:
+        """Two separate stores key their ids differently (a secret is never a constant)."""
+        assert make_store().secret() != make_store().secret()
+
+    # -- sources, liveness and tombstones -------------------------------------------------------
+
+    def test_live_is_the_held_subset(self, store: Store) -> None:
+        """live() returns exactly the ids the store holds."""
+        store.put_source(Source("a", "config_read"), "A")
+        store.put_source(Source("b", "user_turn"), "B")
+        assert store.live(["a", "b", "c"]) == {"a", "b"}
+        assert store.live([]) == frozenset()
+
+    def test_gives_the_original_back(self, store: Store) -> None:
+        """get_source returns the text that was put, character for character."""
+        text = "retry_ceiling: 7 \u00e9\U0001f600"
+        store.put_source(Source("a", "config_read"), text)
+        assert store.get_source("a") == text
+        assert store.get_source("never") is None
+
+    def test_eviction_leaves_a_tombstone(self, store: Store) -> None:
+        """An evicted source is dead and known; an id never put is unknown (absent)."""
+        store.put_source(Source("a", "config_read"), "A")
+        store.put_source(Source("b", "config_read"), "B")
+        assert store.evict("a") is True
+        assert store.evict("a") is False
+        assert store.evict("never") is False
+        assert store.live(["a", "b"]) == {"b"}
+        assert store.get_source("a") is None
+        assert store.states(["a", "b", "never"]) == {"a": "evicted", "b": "live"}
+        assert store.states([]) == {}
+
+    def test_evicted_text_is_still_known_by_digest(self, store: Store) -> None:
+        """Eviction drops the text, not the knowledge: the entry is still found by digest."""
+        store.put_source(Source("a", "config_read"), "the retry ceiling is 7")
+        store.evict("a")
+        key = digest(store.secret(), encode("the retry ceiling is 7"))
+        assert store.lookup([key])[key].id == "a"
+
+    def test_re_putting_revives(self, store: Store) -> None:
+        """Putting an evicted id again makes it live with the new text."""
+        store.put_source(Source("a", "config_read"), "old")
+        store.evict("a")
+        store.put_source(Source("a", "config_read"), "new")
+        assert store.states(["a"]) == {"a": "live"}
+        assert store.get_source("a") == "new"
+
+    def test_ttl_expires_sources(self, make_store: MakeStore) -> None:
+        """A source older than the store's TTL is dead and known as expired."""
+        store = make_store(ttl=0.2)
+        store.put_source(Source("a", "tool_output"), "A")
+        assert store.live(["a"]) == {"a"}
+        time.sleep(0.3)
+        store.put_source(Source("b", "tool_output"), "B")
+        assert store.live(["a", "b"]) == {"b"}
+        assert store.states(["a", "b"]) == {"a": "expired", "b": "live"}
+        assert store.get_source("a") is None
+        assert store.evict("a") is False
+
+    def test_liveness_of_many_ids_in_one_call(self, store: Store) -> None:
+        """live() and states() answer for 2,000 ids at once (half held, half evicted)."""
+        for i in range(2000):
+            store.put_source(Source(f"s{i}", "tool_output"), f"text {i}")
+        for i in range(0, 2000, 2):
+            store.evict(f"s{i}")
+        ids = [f"s{i}" for i in range(2000)] + ["unknown"]
+        assert store.live(ids) == {f"s{i}" for i in range(1, 2000, 2)}
+        states = store.states(ids)
+        assert len(states) == 2000 and "unknown" not in states
+        assert states["s0"] == "evicted" and states["s1"] == "live"
+
+    # -- the text index -------------------------------------------------------------------------
+
+    def test_lookup_finds_sources_by_keyed_digest(self, store: Store) -> None:
+        """A source's text is found by its keyed digest, with id, kind, size and anchor."""
+        text = "config: retry_ceiling = 7 for deploys"
+        store.put_source(Source("cfg", "config_read"), text)
+        data = encode(text)
+        key = digest(store.secret(), data)
+        entry = store.lookup([key, "0" * 32])[key]
+        assert (entry.id, entry.depth, entry.kind, entry.size) == (
+            "cfg",
+            0,
+            "config_read",
+            len(data),
+        )
+        assert entry.sources == ("cfg",)
+        assert entry.anchor == anchor_of(store.secret(), data)
+        assert store.lookup([]) == {}
+        assert list(store.lookup(["0" * 32])) == []
+
+    def test_summaries_are_found_by_digest_and_anchor(self, store: Store) -> None:
+        """A summary's entry comes back whole by digest, and by its anchor."""
+        entry = summary(
+            store,
+            "Summary: retry ceiling is 7, from config.",
+            sources=("cfg",),
+            source_kinds=("config_read",),
+        )
+        store.put_summary(entry, "Summary: retry ceiling is 7, from config.")
+        assert store.lookup([entry.digest]) == {entry.digest: entry}
+        assert entry.anchor is not None
+        assert store.by_anchor([entry.anchor, "f" * 16]) == [entry]
+        assert store.by_anchor([]) == []
+
+    def test_short_texts_have_no_anchor(self, store: Store) -> None:
+        """A text shorter than the anchor is found whole only: no anchor is indexed."""
+        store.put_source(Source("a", "user_turn"), "ok")
+        key = digest(store.secret(), b"ok")
+        assert store.lookup([key])[key].anchor is None
+
+    def test_summaries_are_normalised(self, store: Store) -> None:
+        """A rolling chain stores one parent link per summary; rests_on walks the whole chain."""
+        parent: tuple[str, ...] = ()
+        ids = []
+        for i in range(300):
+            entry = summary(
+                store,
+                f"rolling summary number {i}",
+                depth=i + 1,
+                parents=parent,
+                sources=(f"turn{i}",),
+                source_kinds=("user_turn",),
+            )
+            store.put_summary(entry, f"rolling summary number {i}")
+            parent = (entry.id,)
+            ids.append(entry.id)
+        got = store.rests_on([ids[-1], ids[0], "s:unknown"])
+        assert got[ids[-1]] == {f"turn{i}" for i in range(300)}
+        assert got[ids[0]] == {"turn0"}
+        assert got["s:unknown"] == frozenset()
+        assert store.lookup([summary(store, "rolling summary number 299").digest]).popitem()[
+            1
+        ].sources == ("turn299",)
+
+    def test_rests_on_follows_diamonds_once(self, store: Store) -> None:
+        """Parents shared by several summaries are followed once; the union is exact."""
+        a = summary(store, "summary a of the config", sources=("x",))
+        b = summary(store, "summary b of the turns", sources=("y",))
+        c = summary(store, "merge of a and b summaries", depth=2, parents=(a.id, b.id))
+        d = summary(store, "merge of c and a again", depth=3, parents=(c.id, a.id), sources=("z",))
+        for e, t in [
+            (a, "summary a of the config"),
+            (b, "summary b of the turns"),
+            (c, "merge of a and b summaries"),
+            (d, "merge of c and a again"),
+        ]:
+            store.put_summary(e, t)
+        assert store.rests_on([d.id, c.id]) == {d.id: {"x", "y", "z"}, c.id: {"x", "y"}}
+        assert store.rests_on([]) == {}
+
+    def test_window_depth_is_the_deepest_recorded(self, store: Store) -> None:
+        """window_depth is the deepest summary recorded in that window, 0 for others."""
+        for depth, text in [
+            (1, "first summary of w"),
+            (3, "third summary of w"),
+            (2, "second summary of w"),
+        ]:
+            store.put_summary(summary(store, text, depth=depth), text)
+        assert store.window_depth("w") == 3
+        assert store.window_depth("other") == 0
+
+    def test_summaries_per_window_in_order(self, store: Store) -> None:
+        """summaries() returns a window's most recent summaries, oldest first, with provenance."""
+        parent: tuple[str, ...] = ()
+        for i in range(3):
+            entry = summary(
+                store,
+                f"text {i} of w",
+                depth=i + 1,
+                parents=parent,
+                sources=(f"t{i}",),
+                source_kinds=("user_turn",),
+            )
+            store.put_summary(entry, f"text {i} of w")
+            parent = (entry.id,)
+        store.put_summary(summary(store, "other text", window="other"), "other text")
+        got = store.summaries("w", 2)
+        assert [(r.depth, t) for r, t in got] == [(2, "text 1 of w"), (3, "text 2 of w")]
+        assert got[1][0].sources == {"t0", "t1", "t2"}
+        assert got[1][0].source_kinds == {"user_turn"}
+
+    # -- catching up ----------------------------------------------------------------------------
+
+    def test_since_pages_through_every_entry_in_order(self, store: Store) -> None:
+        """since() gives every entry once, oldest first, with texts still held."""
+        store.put_source(Source("a", "config_read"), "source text a")
+        store.put_source(Source("b", "config_read"), "source text b")
+        store.evict("b")
+        store.put_summary(summary(store, "summary text c"), "summary text c")
+        cursor, first = store.since(0, 2)
+        assert [(e.id, t) for e, t in first] == [("a", "source text a"), ("b", None)]
+        cursor, rest = store.since(cursor, 10)
+        assert [(e.depth, t) for e, t in rest] == [(1, "summary text c")]
+        assert store.since(cursor, 10) == (cursor, [])
+
+    def test_since_sees_another_handles_writes(self, store: Store, reopen: Reopen) -> None:
+        """Entries written through another handle (another process) show up in since()."""
+        cursor, _ = store.since(0, 100)
+        assert store.since(cursor, 100)[1] == []
+        other = reopen(store)
+        other.put_summary(
+            summary(other, "written by the other process"), "written by the other process"
+        )
+        cursor, got = store.since(cursor, 100)
+        assert [t for _, t in got] == ["written by the other process"]
+        assert store.since(cursor, 100)[1] == []
+
+    def test_another_handle_sees_eviction(self, store: Store, reopen: Reopen) -> None:
+        """An eviction through one handle is a tombstone for every handle."""
+        store.put_source(Source("a", "config_read"), "A")
+        reopen(store).evict("a")
+        assert store.states(["a"]) == {"a": "evicted"}
+
+    # -- threads --------------------------------------------------------------------------------
+
+    def test_concurrent_threads(self, store: Store) -> None:
+        """Eight threads putting, checking, evicting and recording lose nothing, raise nothing."""
+        errors: list[BaseException] = []
+
+        def work(n: int) -> None:
+            try:
+                for i in range(100):
+                    store.put_source(Source(f"{n}-{i}", "tool_output"), f"text {n} {i}")
+                    assert store.live([f"{n}-{i}"]) == {f"{n}-{i}"}
+                    if i % 2:
+                        store.evict(f"{n}-{i}")
+                    if i % 10 == 0:
+                        text = f"summary {n} {i} of the work"
+                        store.put_summary(summary(store, text, window=f"w{n}"), text)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        ids = [f"{n}-{i}" for n in range(8) for i in range(100)]
+        assert len(store.live(ids)) == 8 * 50
+        assert all(store.window_depth(f"w{n}") == 1 for n in range(8))
+        _, entries = store.since(0, 10_000)
+        assert len(entries) == 8 * 100 + 8 * 10
