@@ -8,12 +8,15 @@ pass by skipping what it was meant to run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pwd
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -121,6 +124,7 @@ def start(
     env: Mapping[str, str] | None = None,
     timeout: float = 60,
     cwd: Path | None = None,
+    user: str | None = None,
 ) -> Server:
     """Start `argv`, wait until `ready()` (polled), or fail with the log tail after `timeout` s."""
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -133,6 +137,9 @@ def start(
             env=dict(env) if env is not None else None,
             cwd=cwd,
             start_new_session=True,  # its own process group: stop() reaches its children too
+            user=user,  # PostgreSQL refuses root: as root, run it as its system user
+            group=user,
+            extra_groups=[] if user is not None else None,
         )
     server = Server(name, url, process, log)
     deadline = time.monotonic() + timeout
@@ -162,3 +169,166 @@ def wait_for(
             return last
         time.sleep(0.25)
     pytest.fail(f"{what} within {timeout:.0f}s (last: {last!r})\n{explain()}", pytrace=False)
+
+
+# -- PostgreSQL and Redis: the shared stores' servers (tests/test_fleet*.py) --------------------
+
+SETUP_HINT = "run .ci/setup-servers (apt-get install postgresql redis-server)"
+
+
+def postgres_binary(name: str) -> Path:
+    """`name` from Debian's newest /usr/lib/postgresql/N/bin (not on PATH there), else PATH."""
+    versions = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin"),
+        key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
+    )
+    for folder in reversed(versions):
+        if (folder / name).is_file():
+            return executable(folder / name, "PostgreSQL", SETUP_HINT)
+    return executable(name, "PostgreSQL", SETUP_HINT)
+
+
+def _tcp_answer(port: int, send: bytes, expect: bytes) -> Callable[[], bool]:
+    """A readiness probe: True once 127.0.0.1:`port` answers `send` with bytes starting `expect`."""
+
+    def probe() -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+                s.sendall(send)
+                return s.recv(64).startswith(expect)
+        except OSError:
+            return False
+
+    return probe
+
+
+@dataclass
+class Restartable:
+    """A server with its data in `data`, on a fixed port: stopped, killed and started again.
+
+    What the fault tests need: the same address and the same data after a restart, so a store
+    that reconnects finds everything it recorded before.
+    """
+
+    name: str
+    argv: list[str]
+    url: str
+    data: Path
+    ready: Callable[[], bool]
+    user: str | None = None
+    server: Server | None = None
+    starts: int = 0
+
+    def start(self, timeout: float = 60) -> Server:
+        self.starts += 1
+        log = self.data.parent / f"{self.name}-{self.starts}.log"
+        self.server = start(
+            self.name,
+            self.argv,
+            url=self.url,
+            ready=self.ready,
+            log=log,
+            timeout=timeout,
+            cwd=self.data.parent,
+            user=self.user,
+        )
+        return self.server
+
+    def stop(self) -> None:
+        """A clean shutdown (SIGTERM to the process group)."""
+        if self.server is not None:
+            self.server.stop()
+
+    def kill(self) -> None:
+        """A crash: SIGKILL to every process of the server at once, no shutdown of any kind."""
+        if self.server is not None and self.server.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.server.process.pid, signal.SIGKILL)
+            self.server.process.wait(10)
+
+    def log_tail(self) -> str:
+        return self.server.log_tail() if self.server is not None else f"({self.name} not started)"
+
+
+def _owned_tempdir(prefix: str, user: str | None) -> Path:
+    """A fresh temp dir that `user` (or we) own; /tmp so a dropped-privilege server can reach it."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    if user is not None:
+        shutil.chown(path, user, user)
+    return path
+
+
+def postgres(root: Path | None = None) -> Restartable:
+    """A new PostgreSQL cluster on 127.0.0.1 and a free port, started; trust auth, user postgres.
+
+    PostgreSQL refuses to run as root: as root (CI), initdb and the server run as the `postgres`
+    system user that Debian's package creates, with a data dir that user owns. No Unix socket
+    (nothing outside the temp dir is touched); fsync off (a killed server still keeps every
+    commit: the OS holds the WAL it wrote, only a machine crash could lose it).
+    """
+    initdb, server = postgres_binary("initdb"), postgres_binary("postgres")
+    user = None
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError:
+            missing("the postgres system user", SETUP_HINT)
+        user = "postgres"
+    base = _owned_tempdir("policyhook-pg-", user) if root is None else root
+    data = base / "data"
+    subprocess.run(
+        [str(initdb), "-D", str(data), "--auth=trust", "--username=postgres", "--encoding=UTF8",
+         "--no-instructions", "--no-sync"],
+        check=True, capture_output=True, cwd=base, user=user, group=user,
+    )  # fmt: skip
+    port = free_port()
+    managed = Restartable(
+        "postgres",
+        [str(server), "-D", str(data), "-h", "127.0.0.1", "-p", str(port), "-k", "",
+         "-c", "fsync=off", "-c", "max_connections=200", "-c", "shared_buffers=32MB"],
+        url=f"postgresql://postgres@127.0.0.1:{port}/postgres",
+        data=data,
+        ready=_pg_ready(port),
+        user=user,
+    )  # fmt: skip
+    managed.start()
+    return managed
+
+
+def _pg_ready(port: int) -> Callable[[], bool]:
+    isready = postgres_binary("pg_isready")
+
+    def probe() -> bool:
+        argv = [str(isready), "-q", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres"]
+        return subprocess.run(argv, check=False, timeout=10).returncode == 0
+
+    return probe
+
+
+def redis(root: Path | None = None) -> Restartable:
+    """A new Redis on 127.0.0.1 and a free port, started, with an append-only file in a temp dir.
+
+    appendonly: a killed and restarted Redis still has every write it acknowledged (the AOF is
+    written before the reply; only a machine crash could lose the last second).
+    """
+    binary = executable("redis-server", "Redis", SETUP_HINT)
+    base = _owned_tempdir("policyhook-redis-", None) if root is None else root
+    data = base / "data"
+    data.mkdir()
+    port = free_port()
+    managed = Restartable(
+        "redis",
+        [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
+         "--appendonly", "yes", "--save", "", "--protected-mode", "no", "--daemonize", "no"],
+        url=f"redis://127.0.0.1:{port}/0",
+        data=data,
+        ready=_tcp_answer(port, b"PING\r\n", b"+PONG"),
+    )  # fmt: skip
+    managed.start()
+    return managed
+
+
+def remove(managed: Restartable) -> None:
+    """Stop `managed` and delete its temp dir."""
+    managed.stop()
+    shutil.rmtree(managed.data.parent, ignore_errors=True)
