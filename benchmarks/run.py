@@ -34,6 +34,7 @@ from typing import Any
 
 from policyhook import activation as schema
 from policyhook import cel, decisionlog
+from policyhook.backends import BACKEND_ENV, CEL_PYTHON, available_backends, default_backend
 from policyhook.hook import Guard
 from policyhook.loader import load
 from policyhook.policy import PolicySet
@@ -236,7 +237,7 @@ def bench_engine(report: Report, backends: list[cel.Backend], repeat: int) -> di
             for program in rules:
                 program.evaluate(bound)
 
-        n = repeat if backend.name != cel.CEL_PYTHON else max(200, repeat // 10)
+        n = repeat if backend.name != CEL_PYTHON else max(200, repeat // 10)
         raw_stats = measure(raw, n)
         decide = measure(lambda p=policies: p.decide(allow), n)
         refuse = measure(lambda p=policies: p.decide(deny), n)
@@ -360,7 +361,7 @@ def bench_guard(
     data: dict[str, Any] = {}
     base = engine["baseline"]
     for backend in backends:
-        n = repeat if backend.name != cel.CEL_PYTHON else max(200, repeat // 10)
+        n = repeat if backend.name != CEL_PYTHON else max(200, repeat // 10)
         for telemetry in ("none", "api", "sdk"):
             call, bare, clear = _guarded_setup(backend, telemetry)
             with quiet_logs():
@@ -551,7 +552,7 @@ def bench_liveness(report: Report, quick: bool) -> None:
 
 def write_log(path: Path, entries: int) -> None:
     """A v1 decision log of `entries` records over a spread of activations."""
-    backend = cel.default_backend()
+    backend = default_backend()
     policies = load(DEFAULT_POLICY, backend=backend)
     rng = random.Random(5)
     shapes = []
@@ -579,8 +580,8 @@ def bench_replay(report: Report, backends: list[cel.Backend], quick: bool) -> No
             logs[entries] = Path(tmp) / f"decisions-{entries}.jsonl"
             write_log(logs[entries], entries)
         for backend in backends:
-            entries = slow_entries if backend.name == cel.CEL_PYTHON else fast_entries
-            env = {**os.environ, cel.BACKEND_ENV: backend.name}
+            entries = slow_entries if backend.name == CEL_PYTHON else fast_entries
+            env = {**os.environ, BACKEND_ENV: backend.name}
             started = time.perf_counter()
             done = subprocess.run(
                 [sys.executable, "-m", "policyhook.cli", "replay", str(DEFAULT_POLICY),
@@ -639,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     _calibrate()
     info = machine()
-    backends = cel.available_backends()
+    backends = available_backends()
     report = Report(data={"machine": info, "quick": args.quick, "timer_ns": _TIMER_NS})
     print("## policyhook benchmarks" + (" (--quick)" if args.quick else ""))
     print()

@@ -7,11 +7,12 @@ Activations are plain data (str, int, float, bool, lists): never region text.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from policyhook import _celcheck
+from policyhook._hints import did_you_mean
 from policyhook.provenance import Region
 
 
@@ -62,10 +63,11 @@ def field_type(variable: str, name: str) -> str | None:
     return next((f.type for f in SCHEMA.get(variable, ()) if f.name == name), None)
 
 
-def closest(name: str, candidates: Collection[str]) -> str | None:
-    """The declared name an author most likely meant, for error hints."""
-    matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
-    return matches[0] if matches else None
+#: The activation's variables as CEL types (structs with typed fields), for the type checker.
+CEL_TYPES: Mapping[str, _celcheck.CelType] = {
+    variable: _celcheck.struct(variable, {f.name: _celcheck.parse_type(f.type) for f in fields})
+    for variable, fields in SCHEMA.items()
+}
 
 
 def build(
@@ -139,8 +141,7 @@ def validate(activation: Mapping[str, Any], where: str = "input") -> dict[str, d
             continue
         names = {f.name for f in fields}
         for extra in sorted(set(given) - names):
-            hint = closest(extra, names)
-            tip = f" (did you mean {hint!r}?)" if hint else ""
+            tip = did_you_mean(extra, names)
             problems.append(f"{where}: {variable}.{extra} is not a field{tip}")
         for f in fields:
             if f.name not in given:

@@ -6,9 +6,10 @@ are handled here so that the policy engine sees the same `Backend` behaviour:
 - Evaluation errors come back as values (a `Value` of type ERROR, whose Python value is the
   message, a truthy string) instead of being raised: `evaluate` raises `EvaluationError` for them,
   so they reach the policy's failurePolicy exactly as cel-python's exceptions do.
-- Expressions are compiled without the static type checker (`disable_check=True`): cel-python does
-  not check types either, so an ill-typed expression loads under both backends and fails at
-  evaluation under both, instead of failing to load under one only.
+- Expressions are compiled for evaluation without the static type checker
+  (`disable_check=True`), so both backends run the same untyped program; type checking happens
+  once, at load, for every backend alike (`policyhook._celcheck`, and Google's checker through
+  `native_checker` when protobuf is installed to describe the activation's types).
 - Values passed back in (`bind`) must be plain Python data or protos: results are converted on
   the way out, and timestamps and durations become their protobuf messages on the way back.
 
@@ -20,11 +21,14 @@ from __future__ import annotations
 
 import datetime
 import re
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from cel_expr_python import cel
 
+from policyhook import _celcheck
+from policyhook.activation import CEL_TYPES
 from policyhook.cel import CompileError, EvaluationError, Program, parse
 
 #: The activation's top-level variables, declared as maps (field access is checked at load time).
@@ -130,3 +134,96 @@ def _compile_error(exc: Exception) -> CompileError:
         return CompileError(f"cannot compile: {exc}")
     message = found.group(3).split("\n")[0].strip()
     return CompileError(message, int(found.group(1)), int(found.group(2)))
+
+
+# -- Google's type checker over the activation's declared types ---------------------------------
+
+_PACKAGE = "policyhook.activation"
+_SCALARS = {
+    "int": cel.Type.INT,
+    "uint": cel.Type.UINT,
+    "double": cel.Type.DOUBLE,
+    "bool": cel.Type.BOOL,
+    "string": cel.Type.STRING,
+    "bytes": cel.Type.BYTES,
+    "null_type": cel.Type.NULL,
+    "dyn": cel.Type.DYN,
+    "type": cel.Type.TYPE,
+    "google.protobuf.Timestamp": cel.Type.TIMESTAMP,
+    "google.protobuf.Duration": cel.Type.DURATION,
+}
+_checker_lock = threading.Lock()
+_checker: Callable[[str, Mapping[str, _celcheck.CelType]], CompileError | None] | None = None
+
+
+def _message(name: str) -> str:
+    return f"{_PACKAGE}.{name.capitalize()}"
+
+
+def _cel_type(t: _celcheck.CelType) -> Any:
+    if t.is_struct:
+        return cel.Type(_message(t.name))
+    if t.name == "list":
+        return cel.Type.List(_cel_type(t.params[0]))
+    if t.name == "map":
+        return cel.Type.Map(_cel_type(t.params[0]), _cel_type(t.params[1]))
+    return _SCALARS[t.name]
+
+
+def _descriptor_pool() -> Any:
+    """The activation's variables as proto3 messages, so Google's checker knows every field."""
+    from google.protobuf import descriptor_pb2, descriptor_pool
+
+    proto = descriptor_pb2.FileDescriptorProto(
+        name="policyhook/activation.proto", package=_PACKAGE, syntax="proto3"
+    )
+    field_proto = descriptor_pb2.FieldDescriptorProto
+    scalar = {
+        "string": field_proto.TYPE_STRING,
+        "int": field_proto.TYPE_INT64,
+        "double": field_proto.TYPE_DOUBLE,
+        "bool": field_proto.TYPE_BOOL,
+    }
+    for variable, declared in CEL_TYPES.items():
+        message = proto.message_type.add(name=_message(variable).rsplit(".", 1)[1])
+        for number, (name, t) in enumerate(declared.fields, start=1):
+            repeated = t.name == "list"
+            kind = scalar[t.params[0].name if repeated else t.name]
+            label = field_proto.LABEL_REPEATED if repeated else field_proto.LABEL_OPTIONAL
+            message.field.add(name=name, number=number, type=kind, label=label)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return pool
+
+
+def native_checker() -> (
+    Callable[[str, Mapping[str, _celcheck.CelType]], CompileError | None] | None
+):
+    """Google's checker with the activation declared; None without protobuf to declare it."""
+    global _checker
+    with _checker_lock:
+        if _checker is not None:
+            return _checker
+        try:
+            pool = _descriptor_pool()
+        except ImportError:
+            return None
+        envs: dict[tuple[tuple[str, str], ...], Any] = {}
+        declared = {name: _cel_type(t) for name, t in CEL_TYPES.items()}
+
+        def check(source: str, variables: Mapping[str, _celcheck.CelType]) -> CompileError | None:
+            key = tuple(sorted((name, str(t)) for name, t in variables.items()))
+            with _checker_lock:
+                env = envs.get(key)
+                if env is None:
+                    qualified = {f"variables.{n}": _cel_type(t) for n, t in variables.items()}
+                    env = cel.NewEnv(descriptor_pool=pool, variables={**declared, **qualified})
+                    envs[key] = env
+            try:
+                env.compile(source)
+            except Exception as exc:
+                return _compile_error(exc)
+            return None
+
+        _checker = check
+        return _checker

@@ -16,11 +16,12 @@ from typing import Any
 
 import yaml
 
+from policyhook import _celcheck as celcheck
 from policyhook import activation as schema
-from policyhook.cel import Backend, CompileError, default_backend
-from policyhook.cel import comparisons as cel_comparisons
+from policyhook._hints import did_you_mean
+from policyhook.backends import default_backend, native_checker
+from policyhook.cel import Backend, CompileError
 from policyhook.cel import parse as cel_parse
-from policyhook.cel import references as cel_references
 from policyhook.errors import PolicyError, PolicyIssue
 from policyhook.policy import FAILURE_POLICIES, MODES, Expression, Policy, PolicySet, Rule
 
@@ -257,10 +258,7 @@ class _Checker:
             self.issue(node, None, f"{path} must be a mapping, got {type(node).__name__}")
             return False
         for key in sorted(set(map(str, node)) - allowed):
-            hint = schema.closest(key, allowed)
-            tip = (
-                f" (did you mean {hint!r}?)" if hint else "; allowed: " + ", ".join(sorted(allowed))
-            )
+            tip = did_you_mean(key, allowed, listing="allowed")
             self.issue(node, key, f"unknown key {path}.{key}{tip}")
         for key in sorted(required - set(map(str, node))):
             self.issue(node, None, f"{path}.{key} is required")
@@ -316,10 +314,9 @@ def _compile_document(
             f"spec.failurePolicy must be deny or allow, got {failure_policy!r}",
         )
     compiler = _ExpressionCompiler(check, backend)
-    conditions = compiler.named_list(spec, "matchConditions", _NAMED_KEYS, variables=())
-    variables = compiler.named_list(spec, "variables", _NAMED_KEYS, variables=())
-    variable_names = tuple(v.name for v in variables)
-    rules = compiler.rules(spec, variable_names)
+    conditions = compiler.named_list(spec, "matchConditions", _NAMED_KEYS)
+    variables = compiler.named_list(spec, "variables", _NAMED_KEYS)
+    rules = compiler.rules(spec)
     description = spec.get("description", "")
     if check.count or name is None:
         return None
@@ -341,6 +338,7 @@ class _ExpressionCompiler:
     def __init__(self, check: _Checker, backend: Backend) -> None:
         self.check = check
         self.backend = backend
+        self.variables: dict[str, celcheck.Checked] = {}  # the policy's variables checked so far
 
     def entries(self, spec: Mapping[str, Any], key: str) -> list[Any]:
         value = spec.get(key, [])
@@ -352,11 +350,7 @@ class _ExpressionCompiler:
         return value
 
     def named_list(
-        self,
-        spec: Mapping[str, Any],
-        key: str,
-        allowed: set[str],
-        variables: tuple[str, ...],
+        self, spec: Mapping[str, Any], key: str, allowed: set[str]
     ) -> tuple[Expression, ...]:
         compiled: list[Expression] = []
         names: set[str] = set()
@@ -372,13 +366,16 @@ class _ExpressionCompiler:
             if key == "variables" and not _VARIABLE_NAME.match(name):
                 self.check.issue(entry, "name", f"{path}.name {name!r} must be an identifier")
             names.add(name)
-            known = (*variables, *(c.name for c in compiled)) if key == "variables" else ()
-            expression = self.expression(entry, "expression", path, name, known, rule=None)
+            variables = self.variables if key == "variables" else {}
+            wants = None if key == "variables" else celcheck.BOOL
+            expression = self.expression(entry, "expression", path, name, variables, wants, None)
             if expression is not None:
                 compiled.append(expression)
+                if key == "variables":
+                    self.variables[name] = expression.checked
         return tuple(compiled)
 
-    def rules(self, spec: Mapping[str, Any], variables: tuple[str, ...]) -> tuple[Rule, ...]:
+    def rules(self, spec: Mapping[str, Any]) -> tuple[Rule, ...]:
         compiled: list[Rule] = []
         names: set[str] = set()
         entries = self.entries(spec, "rules")
@@ -397,11 +394,14 @@ class _ExpressionCompiler:
             message = entry.get("message", "")
             if not isinstance(message, str):
                 self.check.issue(entry, "message", f"{path}.message must be a string", name)
-            expression = self.expression(entry, "expression", path, name, variables, rule=name)
+            variables = self.variables
+            expression = self.expression(
+                entry, "expression", path, name, variables, celcheck.BOOL, name
+            )
             message_expression = None
             if "messageExpression" in entry:
                 message_expression = self.expression(
-                    entry, "messageExpression", path, name, variables, rule=name
+                    entry, "messageExpression", path, name, variables, celcheck.STRING, name
                 )
             if expression is not None:
                 compiled.append(Rule(name, expression, str(message), message_expression))
@@ -413,76 +413,60 @@ class _ExpressionCompiler:
         key: str,
         path: str,
         name: str,
-        variables: tuple[str, ...],
+        variables: Mapping[str, celcheck.Checked],
+        wants: celcheck.CelType | None,
         rule: str | None,
     ) -> Expression | None:
+        """Parse, type-check, bound and compile `entry[key]`; None (and an issue) on error."""
         source = self.check.string(entry, key, path)
         if source is None:
             return None
-        before = self.check.count
+        where = f"{path}.{key}"
         try:
             tree = cel_parse(source)
         except CompileError as exc:
-            self._at(entry, key, source, exc.line, exc.column, f"{path}.{key}: {exc}", rule, "cel")
+            self._at(entry, key, source, exc.line, exc.column, f"{where}: {exc}", rule, "cel")
             return None
-        self._type_check(entry, key, source, path, tree, variables, rule)
-        if self.check.count > before:
+        try:
+            checked = celcheck.check(tree, source, schema.CEL_TYPES, variables)
+        except celcheck.CheckError as exc:
+            self._at(entry, key, source, exc.line, exc.column, f"{where}: {exc}", rule, "type")
+            return None
+        if wants is not None and checked.type not in (wants, celcheck.DYN):
+            kind = "a bool" if wants == celcheck.BOOL else "a string"
+            message = f"{where} must give {kind}, but gives {checked.type}"
+            self._at(entry, key, source, 1, 1, message, rule, "type")
+            return None
+        native = native_checker()
+        if native is not None:
+            problem = native(source, {n: c.type for n, c in variables.items()})
+            if problem is not None:
+                self._at(
+                    entry,
+                    key,
+                    source,
+                    problem.line,
+                    problem.column,
+                    f"{where}: {problem}",
+                    rule,
+                    "type",
+                )
+                return None
+        too_costly = celcheck.over_limits(checked, {})
+        if too_costly is not None:
+            message = (
+                f"{where}: with {celcheck.DECLARED_LIST_SIZE:,} elements in each list this "
+                f"expression {too_costly}; iterate over fewer lists (size() and 'in' do not "
+                "iterate) or nest fewer macros"
+            )
+            self._at(entry, key, source, None, None, message, rule, "cost")
             return None
         try:
             program = self.backend.compile(source)
         except CompileError as exc:
-            self._at(entry, key, source, exc.line, exc.column, f"{path}.{key}: {exc}", rule, "cel")
+            self._at(entry, key, source, exc.line, exc.column, f"{where}: {exc}", rule, "cel")
             return None
-        return Expression(source, program, name)
-
-    def _type_check(
-        self,
-        entry: Mapping[str, Any],
-        key: str,
-        source: str,
-        path: str,
-        tree: Any,
-        variables: tuple[str, ...],
-        rule: str | None,
-    ) -> None:
-        top = {*schema.SCHEMA, "variables"}
-        for ref in cel_references(tree):
-            if ref.variable not in top:
-                hint = schema.closest(ref.variable, top)
-                tip = f"; did you mean {hint!r}?" if hint else f"; known: {', '.join(sorted(top))}"
-                message = f"{path}.{key}: unknown variable {ref.variable!r}{tip}"
-            elif ref.variable == "variables" and ref.field is not None:
-                if ref.field in variables:
-                    continue
-                hint = schema.closest(ref.field, variables)
-                tip = (
-                    f"; did you mean {hint!r}?"
-                    if hint
-                    else (f"; defined before this point: {', '.join(variables) or 'none'}")
-                )
-                message = f"{path}.{key}: variables.{ref.field} is not defined{tip}"
-            elif ref.field is not None and ref.variable != "variables":
-                if schema.field_type(ref.variable, ref.field) is not None:
-                    continue
-                fields = [f.name for f in schema.SCHEMA[ref.variable]]
-                hint = schema.closest(ref.field, fields)
-                tip = f"; did you mean {hint!r}?" if hint else f"; fields: {', '.join(fields)}"
-                message = f"{path}.{key}: {ref.variable} has no field {ref.field!r}{tip}"
-            else:
-                continue
-            self._at(entry, key, source, ref.line, ref.column, message, rule, "type")
-        for cmp in cel_comparisons(tree):
-            left = _operand_type(cmp.left, cmp.left_is_field)
-            right = _operand_type(cmp.right, cmp.right_is_field)
-            if left is None or right is None or left == right:
-                continue
-            hint = ""
-            if {left, right} == {"int", "double"}:
-                hint = "; CEL does not compare int with double: write 1.0 for a double, 1 an int"
-            message = (
-                f"{path}.{key}: cannot compare {cmp.left} ({left}) with {cmp.right} ({right}){hint}"
-            )
-            self._at(entry, key, source, cmp.line, cmp.column, message, rule, "type")
+        return Expression(source, program, name, checked)
 
     def _at(
         self,
@@ -520,10 +504,3 @@ class _ExpressionCompiler:
                 snippet,
             )
         )
-
-
-def _operand_type(operand: str, is_field: bool) -> str | None:
-    if not is_field:
-        return operand
-    variable, _, name = operand.partition(".")
-    return schema.field_type(variable, name)

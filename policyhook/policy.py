@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from policyhook import _celcheck
 from policyhook.cel import Backend, EvaluationError, Program
 
 MODES = ("enforce", "audit", "warn")
@@ -64,6 +65,20 @@ class Expression:
     source: str
     program: Program
     name: str
+    checked: _celcheck.Checked = field(default_factory=lambda: _celcheck.Checked(_celcheck.DYN))
+
+    @property
+    def bounded(self) -> bool:
+        """Whether its worst case grows with the activation's lists (checked per decision)."""
+        return self.checked.dynamic
+
+    def evaluate(self, context: Any, sizes: Mapping[str, int]) -> Any:
+        """Evaluate, refusing first (as an error) when the lists make it too expensive."""
+        if self.checked.dynamic:
+            reason = _celcheck.over_limits(self.checked, sizes)
+            if reason is not None:
+                raise EvaluationError(f"cost limit: this expression {reason}")
+        return self.program.evaluate(context)
 
 
 @dataclass(frozen=True)
@@ -98,11 +113,12 @@ class PolicySet:
     def decide(self, activation: Mapping[str, Any], *, explain: bool = False) -> Decision:
         """Decide one call. Deny overrides allow; an enforce denial beats an audit/warn one."""
         context = self.backend.context(activation)
+        sizes = _list_sizes(activation)
         violations: list[Violation] = []
         errors: list[Violation] = []
         explanation: list[dict[str, Any]] = []
         for policy in self.policies:
-            report = _evaluate(policy, self.backend, context, violations, errors, explain)
+            report = _evaluate(policy, self.backend, context, sizes, violations, errors, explain)
             if explain:
                 explanation.append(report)
         region = activation["region"]
@@ -126,10 +142,22 @@ class PolicySet:
         )
 
 
+def _list_sizes(activation: Mapping[str, Any]) -> dict[str, int]:
+    """`{"region.sources": 3, …}`: what the expressions' cost bounds are functions of."""
+    return {
+        f"{name}.{key}": len(value)
+        for name, fields in activation.items()
+        if isinstance(fields, Mapping)
+        for key, value in fields.items()
+        if isinstance(value, list | tuple)
+    }
+
+
 def _evaluate(
     policy: Policy,
     backend: Backend,
     context: Any,
+    sizes: Mapping[str, int],
     violations: list[Violation],
     errors: list[Violation],
     explain: bool,
@@ -147,7 +175,7 @@ def _evaluate(
 
     for condition in policy.match_conditions:
         try:
-            matched = _boolean(backend, condition.program.evaluate(context))
+            matched = _boolean(backend, condition.evaluate(context, sizes))
         except EvaluationError as exc:
             report.update(matched=None, error=f"matchCondition {condition.name}: {exc}")
             failed(f"matchConditions.{condition.name}", str(exc))
@@ -159,7 +187,7 @@ def _evaluate(
     bound = context
     for variable in policy.variables:
         try:
-            values[variable.name] = variable.program.evaluate(bound)
+            values[variable.name] = variable.evaluate(bound, sizes)
         except EvaluationError as exc:
             report.update(error=f"variable {variable.name}: {exc}")
             failed(f"variables.{variable.name}", str(exc))
@@ -170,7 +198,7 @@ def _evaluate(
     results: list[dict[str, Any]] = []
     for rule in policy.rules:
         try:
-            holds = _boolean(backend, rule.expression.program.evaluate(bound))
+            holds = _boolean(backend, rule.expression.evaluate(bound, sizes))
         except EvaluationError as exc:
             results.append({"rule": rule.name, "result": None, "error": str(exc)})
             failed(rule.name, str(exc))
@@ -178,7 +206,9 @@ def _evaluate(
         results.append({"rule": rule.name, "result": holds})
         if not holds:
             violations.append(
-                Violation(policy.name, rule.name, _message(rule, backend, bound), policy.mode)
+                Violation(
+                    policy.name, rule.name, _message(rule, backend, bound, sizes), policy.mode
+                )
             )
     report["rules"] = results
     return report
@@ -191,11 +221,11 @@ def _boolean(backend: Backend, value: Any) -> bool:
     return result
 
 
-def _message(rule: Rule, backend: Backend, context: Any) -> str:
+def _message(rule: Rule, backend: Backend, context: Any, sizes: Mapping[str, int]) -> str:
     """The rule's messageExpression, falling back to its message when that errors or is empty."""
     if rule.message_expression is not None:
         try:
-            text = backend.to_python(rule.message_expression.program.evaluate(context))
+            text = backend.to_python(rule.message_expression.evaluate(context, sizes))
             if isinstance(text, str) and text.strip():
                 return text
         except EvaluationError:

@@ -6,14 +6,13 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from policyhook import cel
+from policyhook import backends, cel
 from policyhook.loader import compile_sources
 from policyhook.policy import PolicySet
 
 
 def _backends() -> list[cel.Backend]:
-    available: Callable[[], list[cel.Backend]] | None = getattr(cel, "available_backends", None)
-    return available() if available is not None else [cel.default_backend()]
+    return backends.available_backends()
 
 
 @pytest.fixture(params=_backends(), ids=lambda b: b.name)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from policyhook import activation as schema
-from policyhook import cel
+from policyhook import backends, cel
 from policyhook.errors import PolicyError
 from policyhook.loader import compile_sources, load_default
 from policyhook.policy import Decision, PolicySet
@@ -31,30 +31,30 @@ def _in_ci() -> bool:
 
 
 def _by_name(name: str) -> cel.Backend:
-    return next(b for b in cel.available_backends() if b.name == name)
+    return next(b for b in backends.available_backends() if b.name == name)
 
 
 @pytest.fixture
 def slow() -> cel.Backend:
     """cel-python, the reference backend."""
-    return _by_name(cel.CEL_PYTHON)
+    return _by_name(backends.CEL_PYTHON)
 
 
 @pytest.fixture
 def fast() -> cel.Backend:
     """cel-expr-python; missing is a skip locally and a failure in CI."""
-    if not cel.fast_backend_installed():
+    if not backends.fast_backend_installed():
         message = "cel-expr-python is not installed: pip install 'policyhook[fast]'"
         if _in_ci():
             pytest.fail(f"CI must test both CEL backends; {message}")
         pytest.skip(message)
-    return _by_name(cel.CEL_EXPR_PYTHON)
+    return _by_name(backends.CEL_EXPR_PYTHON)
 
 
 @pytest.fixture
 def no_backend_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Backend selection tests start from no POLICYHOOK_CEL_BACKEND in the environment."""
-    monkeypatch.delenv(cel.BACKEND_ENV, raising=False)
+    monkeypatch.delenv(backends.BACKEND_ENV, raising=False)
 
 
 def activation(
@@ -211,14 +211,22 @@ class TestDefaultPolicy:
         assert first.message.startswith("re-summarizing a depth-3 summary with 1 of 3 sources")
 
 
-ERRORS = {
+#: Errors that only evaluation can find: these expressions pass the load-time type check.
+RUNTIME_ERRORS = {
     "missing-key": '{"a": 1}.b == 1',
     "missing-index": "region.sources[7] == 'x'",
-    "no-such-overload": 'region.depth + "x" == "x"',
     "division-by-zero": "region.depth / 0 == 1",
     "modulo-by-zero": "region.depth % 0 == 1",
     "overflow": "region.depth + 9223372036854775807 > 0",
+    "underflow": "-9223372036854775807 - region.depth - 1 < 0",
+    "double-to-int-range": "int(request.budget_pressure * 1e30) > 0",
     "bad-conversion": "int(region.kind) == 1",
+    "non-bool-dyn": "dyn(region.depth)",
+}
+#: Errors the type check refuses at load; a program compiled directly still fails at evaluation.
+ERRORS = {
+    **RUNTIME_ERRORS,
+    "no-such-overload": 'region.depth + "x" == "x"',
     "non-bool-int": "region.depth",
     "non-bool-string": "region.kind",
     "non-bool-list": "region.sources",
@@ -227,7 +235,9 @@ ERRORS = {
 
 class TestErrors:
     @pytest.mark.parametrize("failure", ["deny", "allow"])
-    @pytest.mark.parametrize("expression", list(ERRORS.values()), ids=list(ERRORS))
+    @pytest.mark.parametrize(
+        "expression", list(RUNTIME_ERRORS.values()), ids=list(RUNTIME_ERRORS)
+    )
     def test_rule_error_reaches_failure_policy(
         self,
         slow: cel.Backend,
@@ -274,7 +284,7 @@ class TestErrors:
         assert first.effect == ("deny" if failure == "deny" else "allow")
 
     @pytest.mark.parametrize("failure", ["deny", "allow"])
-    @pytest.mark.parametrize("condition", ["region.chars / 0 > 1", "region.depth"])
+    @pytest.mark.parametrize("condition", ["region.chars / 0 > 1", "dyn(region.depth)"])
     def test_match_condition_error(
         self,
         slow: cel.Backend,
@@ -329,7 +339,7 @@ class TestPolicyFeatures:
             ),
             ('duration("90s")', 'variables.v == duration("1m30s")'),
             ('b"abc"', 'variables.v == b"abc"'),
-            ("[1, 'two', [3.5]]", "variables.v[2][0] == 3.5 && variables.v[1] == 'two'"),
+            ("[[1.5], [2.5, 3.5]]", "variables.v[1][1] == 3.5 && size(variables.v[0]) == 1"),
             ("{'k': {'n': 1}}", "variables.v.k.n == 1"),
             ("null", "variables.v == null"),
         ],
@@ -348,8 +358,8 @@ class TestPolicyFeatures:
         [
             '"depth " + string(region.depth) + " of " + region.id',
             "region.kind + ': ' + string(size(region.dead_sources)) + ' dead'",
-            "1 / 0 == 1",  # an error: falls back to the message
-            "region.depth",  # not a string: falls back to the message
+            "string(1 / 0)",  # an error: falls back to the message
+            "dyn(region.depth)",  # not a string: falls back to the message
             "''",  # empty: falls back to the message
             "region.sources.map(s, s + '!').filter(s, s != 'x!')[0]",
         ],
@@ -446,44 +456,44 @@ class TestSelection:
         self, fast: cel.Backend, no_backend_env: None
     ) -> None:
         """With no override, the default backend is cel-expr-python when it is installed."""
-        assert cel.default_backend().name == cel.CEL_EXPR_PYTHON
+        assert backends.default_backend().name == backends.CEL_EXPR_PYTHON
 
     def test_auto_falls_back_to_cel_python(
         self, monkeypatch: pytest.MonkeyPatch, no_backend_env: None
     ) -> None:
         """Without the fast extra, the default backend is cel-python."""
-        monkeypatch.setattr(cel, "fast_backend_installed", lambda: False)
-        assert cel.default_backend().name == cel.CEL_PYTHON
-        assert [b.name for b in cel.available_backends()] == [cel.CEL_PYTHON]
+        monkeypatch.setattr(backends, "fast_backend_installed", lambda: False)
+        assert backends.default_backend().name == backends.CEL_PYTHON
+        assert [b.name for b in backends.available_backends()] == [backends.CEL_PYTHON]
 
-    @pytest.mark.parametrize("name", [cel.CEL_PYTHON, cel.CEL_EXPR_PYTHON])
+    @pytest.mark.parametrize("name", [backends.CEL_PYTHON, backends.CEL_EXPR_PYTHON])
     def test_env_var_overrides(
         self, monkeypatch: pytest.MonkeyPatch, fast: cel.Backend, name: str
     ) -> None:
         """POLICYHOOK_CEL_BACKEND picks the backend, whatever is installed."""
-        monkeypatch.setenv(cel.BACKEND_ENV, name.upper())
-        assert cel.default_backend().name == name
+        monkeypatch.setenv(backends.BACKEND_ENV, name.upper())
+        assert backends.default_backend().name == name
 
     def test_env_var_unknown_name(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """An unknown backend name is an error naming the variable and the value."""
-        monkeypatch.setenv(cel.BACKEND_ENV, "cel-go")
+        monkeypatch.setenv(backends.BACKEND_ENV, "cel-go")
         with pytest.raises(ValueError, match=r"POLICYHOOK_CEL_BACKEND.*'cel-go'"):
-            cel.default_backend()
+            backends.default_backend()
 
     def test_env_var_names_missing_fast_backend(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Asking for cel-expr-python when it is not installed says how to install it."""
-        monkeypatch.setattr(cel, "fast_backend_installed", lambda: False)
-        monkeypatch.setenv(cel.BACKEND_ENV, cel.CEL_EXPR_PYTHON)
+        monkeypatch.setattr(backends, "fast_backend_installed", lambda: False)
+        monkeypatch.setenv(backends.BACKEND_ENV, backends.CEL_EXPR_PYTHON)
         with pytest.raises(ValueError, match=r"policyhook\[fast\]"):
-            cel.default_backend()
+            backends.default_backend()
 
     def test_available_backends_are_distinct(self) -> None:
         """available_backends lists each installed backend once, cel-python first."""
-        names = [b.name for b in cel.available_backends()]
-        assert names[0] == cel.CEL_PYTHON
+        names = [b.name for b in backends.available_backends()]
+        assert names[0] == backends.CEL_PYTHON
         assert len(names) == len(set(names))
         if _in_ci():
-            assert cel.CEL_EXPR_PYTHON in names
+            assert backends.CEL_EXPR_PYTHON in names
 
 
 class TestThreads:

@@ -86,13 +86,13 @@ class TestLoadErrors:
         rules = "    - name: multi\n      expression: >-\n        region.depth > 1\n        && regoin.kind == 'x'\n"
         message = load_error(compile_policy, policy(rules))
         assert message.startswith("p.yaml:10:12:")  # `regoin` on the block's second line
-        assert "unknown variable 'regoin'; did you mean 'region'?" in message
+        assert "unknown variable 'regoin' (did you mean 'region'?)" in message
 
     def test_unknown_field_with_hint(self, compile_policy: Compile) -> None:
         """A misspelt field fails at load with the closest declared name."""
         rules = "    - name: typo\n      expression: size(region.dead_source) == 0\n"
         message = load_error(compile_policy, policy(rules))
-        assert "region has no field 'dead_source'; did you mean 'dead_sources'?" in message
+        assert "region has no field 'dead_source' (did you mean 'dead_sources'?)" in message
 
     def test_undefined_variable(self, compile_policy: Compile) -> None:
         """variables.x must be defined (before use) in the same policy."""
@@ -116,7 +116,7 @@ class TestLoadErrors:
         [
             (
                 "request.budget_pressure > 0",
-                "cannot compare request.budget_pressure (double) with int (int); CEL does not compare int with double",
+                "cannot compare request.budget_pressure (double) with int (int); CEL does not compare int, uint and double",
             ),
             ('region.depth == "2"', "cannot compare region.depth (int) with string (string)"),
             (
@@ -237,6 +237,88 @@ class TestLoadErrors:
             load(tmp_path)
 
 
+class TestTypeCheck:
+    """Expressions are type-checked against the activation at load, the same with every backend."""
+
+    @pytest.mark.parametrize(
+        ("expression", "expected"),
+        [
+            ("sizee(region.sources) > 0", "unknown function 'sizee' (did you mean 'size'?)"),
+            ("region.sources.alll(s, true)", "unknown method 'alll' (did you mean 'all'?)"),
+            ("region.depth + 1", "spec.rules[0].expression must give a bool, but gives int"),
+            ("region.kind", "must give a bool, but gives string"),
+            ("size(region.sources) > 0.5", "cannot compare size(region.sources) (int) with double"),
+            ("region.depth == 1.0", "cannot compare region.depth (int) with double (double)"),
+            ("region.depth + 1.5 > 2.0", "no '+' for region.depth (int) and double (double)"),
+            ('region.depth + "x" == "x"', "no '+' for region.depth (int) and string (string)"),
+            ("region.nope == 1", "region has no field 'nope'"),
+            ("has(region.nope)", "region has no field 'nope'"),
+            ("region.depth.x == 1", "region.depth (int) has no fields"),
+            ("region.sources[1.0] == 'a'", "a list index must be an int"),
+            ("region.sources.all(s, s)", "the condition of all() needs a bool"),
+            ("region.sources.all(s, s > 1)", "cannot compare s (string) with int (int)"),
+            ("'a' in region.depth", "'in' needs a list or map on its right"),
+            ("1 in region.sources", "cannot look for int (int) in region.sources"),
+            ("region.depth > 1 ? 'a' : 1", "the branches of ?: have different types"),
+            ("!region.depth", "! needs a bool, got region.depth (int)"),
+            ("region.depth && true", "&& needs a bool"),
+            ("region.kind.startsWith(1)", "no overload of startsWith() takes (string, int)"),
+            ("int(region.sources) > 0", "no overload of int() takes (list(string))"),
+            ("dyn(region.depth) < 1.5", "has no static type"),
+            ("[1, 'a'][0] == 1", "has no static type"),
+            ("Foo{a: 1} == null", "message construction"),
+            ("variables == null", "use variables.<name>"),
+            ("region.sources.map(s, 1).all(x, x == 's')", "cannot compare x (int) with string"),
+        ],
+    )
+    def test_type_errors_fail_at_load(
+        self, compile_policy: Compile, expression: str, expected: str
+    ) -> None:
+        """Unknown names, non-bool rules and overload mismatches are load errors with a caret."""
+        rules = f"    - name: typed\n      expression: {expression!r}\n"
+        message = load_error(compile_policy, policy(rules))
+        assert expected in message
+        assert message.startswith("p.yaml:8:") and "rule 'typed'" in message and "^" in message
+
+    def test_message_expression_must_be_a_string(self, compile_policy: Compile) -> None:
+        """A messageExpression that is not a string fails at load, not at the first refusal."""
+        rules = RULE_OK + "      messageExpression: region.depth\n"
+        message = load_error(compile_policy, policy(rules))
+        assert "spec.rules[0].messageExpression must give a string, but gives int" in message
+
+    def test_match_condition_must_be_a_bool(self, compile_policy: Compile) -> None:
+        """A matchCondition that is not a bool fails at load."""
+        spec = "  matchConditions:\n    - name: scope\n      expression: region.depth\n"
+        message = load_error(compile_policy, policy(RULE_OK, spec=spec))
+        assert "spec.matchConditions[0].expression must give a bool, but gives int" in message
+
+    def test_variables_carry_their_types(self, compile_policy: Compile) -> None:
+        """A variable's type comes from its expression and is checked where it is used."""
+        spec = "  variables:\n    - name: gone\n      expression: size(region.dead_sources)\n"
+        rules = "    - name: r\n      expression: variables.gone > 0.5\n"
+        message = load_error(compile_policy, policy(rules, spec=spec))
+        assert "cannot compare variables.gone (int) with double (double)" in message
+
+    @pytest.mark.parametrize(
+        "expression",
+        [
+            "size(region.sources) > 0 && region.sources.all(s, s in region.live_sources)",
+            "region.sources.map(s, size(s)).all(n, n > 0)",
+            "region.sources.filter(s, s.startsWith('cfg')).size() <= 3",
+            "request.budget_pressure > 0.5 || double(window.tokens) / 2.0 < 1.0",
+            "{'a': region.depth}['a'] == region.depth && 'a' in {'a': 1}",
+            "has(region.depth) && region.kind.matches('^s') == true",
+            "timestamp('2026-01-01T00:00:00Z').getFullYear() == 2026",
+            "duration('90s') > duration('1m') && string(1u) == '1'",
+            "[[1, 2], [3]].all(l, l.all(x, x > 0)) && size([]) == 0",
+            "region.sources.exists(region, region == 'a') || true",
+        ],
+    )
+    def test_well_typed_expressions_load(self, compile_policy: Compile, expression: str) -> None:
+        """Well-typed expressions of every kind load on every backend."""
+        compile_policy(policy(f"    - name: ok\n      expression: {expression!r}\n"))
+
+
 class TestDecisions:
     def test_multiple_documents_and_deny_overrides(self, compile_policy: Compile) -> None:
         """Several documents per file; one denying policy overrides any number allowing."""
@@ -311,7 +393,6 @@ class TestDecisions:
         [
             ('region.sources[3] == "a"', "index"),
             ("10 / (region.depth - 1) > 1", "divide by zero"),
-            ("region.depth + 1", "not a bool"),
         ],
     )
     def test_evaluation_errors_fail_closed(
