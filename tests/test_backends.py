@@ -235,9 +235,7 @@ ERRORS = {
 
 class TestErrors:
     @pytest.mark.parametrize("failure", ["deny", "allow"])
-    @pytest.mark.parametrize(
-        "expression", list(RUNTIME_ERRORS.values()), ids=list(RUNTIME_ERRORS)
-    )
+    @pytest.mark.parametrize("expression", list(RUNTIME_ERRORS.values()), ids=list(RUNTIME_ERRORS))
     def test_rule_error_reaches_failure_policy(
         self,
         slow: cel.Backend,

@@ -177,15 +177,47 @@ class TestLoadErrors:
                 "metadata.name is required",
             ),
             ("- just a list\n", "document must be a mapping"),
-            (policy(RULE_OK, spec="  matchConditions: {a: b}\n"), "spec.matchConditions must be a list"),
-            (policy(RULE_OK, spec="  matchConditions:\n    - expression: 'true'\n"), "spec.matchConditions[0].name is required"),
-            (policy(RULE_OK, spec="  matchConditions:\n    - {name: a, expression: 'true', when: x}\n"), "unknown key spec.matchConditions[0].when"),
-            (policy(RULE_OK, spec="  variables:\n    - {name: a, expression: 'true'}\n    - {name: a, expression: 'true'}\n"), "spec.variables[1].name 'a' is used twice"),
-            (policy(RULE_OK, spec="  variables:\n    - {name: not-an-ident, expression: 'true'}\n"), "must be an identifier"),
+            (
+                policy(RULE_OK, spec="  matchConditions: {a: b}\n"),
+                "spec.matchConditions must be a list",
+            ),
+            (
+                policy(RULE_OK, spec="  matchConditions:\n    - expression: 'true'\n"),
+                "spec.matchConditions[0].name is required",
+            ),
+            (
+                policy(
+                    RULE_OK,
+                    spec="  matchConditions:\n    - {name: a, expression: 'true', when: x}\n",
+                ),
+                "unknown key spec.matchConditions[0].when",
+            ),
+            (
+                policy(
+                    RULE_OK,
+                    spec="  variables:\n    - {name: a, expression: 'true'}\n    - {name: a, expression: 'true'}\n",
+                ),
+                "spec.variables[1].name 'a' is used twice",
+            ),
+            (
+                policy(
+                    RULE_OK, spec="  variables:\n    - {name: not-an-ident, expression: 'true'}\n"
+                ),
+                "must be an identifier",
+            ),
             (policy(RULE_OK + "      message: [1]\n"), "spec.rules[0].message must be a string"),
-            (policy(RULE_OK).replace("  name: p\n", "  name: p\n  owner: me\n"), "unknown key metadata.owner"),
-            (policy(RULE_OK, spec="  rules: 3\n").replace("  rules:\n" + RULE_OK, ""), "spec.rules must be a list"),
-            ("apiVersion: policyhook.dev/v1\nkind: CompactionPolicy\nmetadata: {name: p}\nspec: 3\n", "spec must be a mapping"),
+            (
+                policy(RULE_OK).replace("  name: p\n", "  name: p\n  owner: me\n"),
+                "unknown key metadata.owner",
+            ),
+            (
+                policy(RULE_OK, spec="  rules: 3\n").replace("  rules:\n" + RULE_OK, ""),
+                "spec.rules must be a list",
+            ),
+            (
+                "apiVersion: policyhook.dev/v1\nkind: CompactionPolicy\nmetadata: {name: p}\nspec: 3\n",
+                "spec must be a mapping",
+            ),
         ],
     )
     def test_schema_errors(self, compile_policy: Compile, text: str, expected: str) -> None:
