@@ -5,8 +5,15 @@ summarize call, whether the region about to be summarized can still be re-derive
 sources, and refuses loudly (`UnsafeRecompactionError`) when it cannot.
 """
 
+from policyhook._postgres import PostgresStore
+from policyhook._redis import RedisStore
 from policyhook.decisionlog import DecisionLog
-from policyhook.errors import PolicyError, PolicyIssue, UnsafeRecompactionError
+from policyhook.errors import (
+    PolicyError,
+    PolicyIssue,
+    StoreUnavailableError,
+    UnsafeRecompactionError,
+)
 from policyhook.hook import Guard, Request, request
 from policyhook.loader import load, load_default
 from policyhook.policy import Decision, PolicySet
@@ -22,11 +29,14 @@ __all__ = [
     "PolicyError",
     "PolicyIssue",
     "PolicySet",
+    "PostgresStore",
+    "RedisStore",
     "Region",
     "Request",
     "SQLiteStore",
     "Source",
     "Store",
+    "StoreUnavailableError",
     "UnsafeRecompactionError",
     "load",
     "load_default",

@@ -105,3 +105,11 @@ class PolicyError(ValueError):
             return str(self.issues[0])
         head = f"{len(self.issues)} errors occurred:"
         return "\n".join([head, *(str(i) for i in self.issues)])
+
+
+class StoreUnavailableError(ConnectionError):
+    """A shared store did not answer within its timeout (down, unreachable, connection dropped).
+
+    The guard counts every source of the decision it was asking about as dead (fail closed) and
+    logs this message; a write (`record_source`) raises it to the caller.
+    """

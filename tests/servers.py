@@ -239,11 +239,33 @@ class Restartable:
         if self.server is not None:
             self.server.stop()
 
+    def processes(self) -> list[int]:
+        """The server's process and all its descendants (PostgreSQL's backends each call
+        setsid(), so its process group alone would miss them)."""
+        if self.server is None or self.server.process.poll() is not None:
+            return []
+        children: dict[int, list[int]] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = stat.read_text().rpartition(")")[2].split()
+                children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        found, todo = [], [self.server.process.pid]
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            todo.extend(children.get(pid, ()))
+        return found
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send `sig` to every process of the server (SIGSTOP: a hung server; SIGCONT: back)."""
+        for pid in self.processes():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
     def kill(self) -> None:
         """A crash: SIGKILL to every process of the server at once, no shutdown of any kind."""
         if self.server is not None and self.server.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.server.process.pid, signal.SIGKILL)
+            self.signal(signal.SIGKILL)
             self.server.process.wait(10)
 
     def log_tail(self) -> str:

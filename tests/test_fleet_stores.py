@@ -1,0 +1,101 @@
+"""PostgresStore and RedisStore against real servers: the Store contract, schema, and faults.
+
+Each server is started on 127.0.0.1 on a free port with a temp data dir (tests/servers.py) and
+stopped at the end; missing binaries skip locally and fail with CI=true (.ci/setup-servers
+installs them). Each store made here gets its own schema / key namespace, so tests never see
+each other's data.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import servers
+from store_contract import MakeStore, Reopen, StoreContract
+
+from policyhook.stores import Store
+
+_names = itertools.count()
+
+
+def fresh(prefix: str) -> str:
+    return f"{prefix}{next(_names)}"
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[servers.Restartable]:
+    server = servers.postgres()
+    yield server
+    servers.remove(server)
+
+
+class TestPostgresStoreContract(StoreContract):
+    @pytest.fixture
+    def make_store(self, postgres: servers.Restartable) -> Iterator[MakeStore]:
+        from policyhook._postgres import PostgresStore
+
+        opened: list[PostgresStore] = []
+
+        def make(**options: Any) -> PostgresStore:
+            opened.append(PostgresStore(postgres.url, schema=fresh("contract_"), **options))
+            return opened[-1]
+
+        yield make
+        for s in opened:
+            s.close()
+
+    @pytest.fixture
+    def reopen(self, postgres: servers.Restartable) -> Iterator[Reopen]:
+        from policyhook._postgres import PostgresStore
+
+        opened: list[PostgresStore] = []
+
+        def again(store: Store) -> PostgresStore:
+            assert isinstance(store, PostgresStore)
+            opened.append(PostgresStore(postgres.url, schema=store.schema, ttl=store.ttl))
+            return opened[-1]
+
+        yield again
+        for s in opened:
+            s.close()
+
+
+@pytest.fixture(scope="module")
+def redis() -> Iterator[servers.Restartable]:
+    server = servers.redis()
+    yield server
+    servers.remove(server)
+
+
+class TestRedisStoreContract(StoreContract):
+    @pytest.fixture
+    def make_store(self, redis: servers.Restartable) -> Iterator[MakeStore]:
+        from policyhook._redis import RedisStore
+
+        opened: list[RedisStore] = []
+
+        def make(**options: Any) -> RedisStore:
+            opened.append(RedisStore(redis.url, namespace=fresh("contract"), **options))
+            return opened[-1]
+
+        yield make
+        for s in opened:
+            s.close()
+
+    @pytest.fixture
+    def reopen(self, redis: servers.Restartable) -> Iterator[Reopen]:
+        from policyhook._redis import RedisStore
+
+        opened: list[RedisStore] = []
+
+        def again(store: Store) -> RedisStore:
+            assert isinstance(store, RedisStore)
+            opened.append(RedisStore(redis.url, namespace=store.namespace, ttl=store.ttl))
+            return opened[-1]
+
+        yield again
+        for s in opened:
+            s.close()
