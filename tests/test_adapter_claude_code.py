@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -178,28 +179,342 @@ class TestDecisions:
         assert hook.last()["activation"]["region"]["depth"] == 1
 
 
-class TestFailures:
-    """The hook's own failures exit 1 (shown, compaction proceeds), never 2 (which blocks)."""
+def undecided(result: subprocess.CompletedProcess[str], error: str) -> str:
+    """The fail-closed answer: exit 0, a block whose reason says the hook could not decide."""
+    reason: str = blocked(result)["reason"]
+    assert reason.startswith("policyhook could not decide, so the compaction is blocked")
+    assert error in reason and error in result.stderr, (reason, result.stderr)
+    return reason
+
+
+def write_lines(path: Path, *lines: dict[str, Any] | str | bytes) -> Path:
+    """A transcript of the given lines: dicts as JSON, str and bytes as they are."""
+    with path.open("wb") as f:
+        for line in lines:
+            if isinstance(line, dict):
+                line = json.dumps(line)
+            f.write(line if isinstance(line, bytes) else line.encode("utf-8", "surrogatepass"))
+            f.write(b"\n")
+    return path
+
+
+def entry(uuid: str, parent: Any, text: str, kind: str = "user", **extra: Any) -> dict[str, Any]:
+    """One conversation entry in Claude Code's shape."""
+    content: Any = [{"type": "text", "text": text}] if kind == "assistant" else text
+    return {
+        "parentUuid": parent,
+        "isSidechain": False,
+        "sessionId": SESSION,
+        "type": kind,
+        "message": {"role": kind, "content": content},
+        "uuid": uuid,
+        **extra,
+    }
+
+
+def boundary(uuid: str, logical: Any) -> dict[str, Any]:
+    return {
+        "parentUuid": None,
+        "logicalParentUuid": logical,
+        "isSidechain": False,
+        "type": "system",
+        "subtype": "compact_boundary",
+        "content": "Conversation compacted",
+        "sessionId": SESSION,
+        "uuid": uuid,
+        "compactMetadata": {"trigger": "auto", "preTokens": 167094},
+    }
+
+
+def summary(uuid: str, parent: str, text: str) -> dict[str, Any]:
+    return entry(uuid, parent, text, isCompactSummary=True, isVisibleInTranscriptOnly=True)
+
+
+HISTORY = [
+    entry("h1", None, "Deploy with retries; config/agent.yaml sets the ceiling."),
+    entry("h2", "h1", "The retry ceiling is 7.", "assistant"),
+]
+COMPACTED = [
+    *HISTORY,
+    boundary("b1", "h2"),
+    summary("s1", "b1", "Summary: deploying with a retry ceiling of 7 (config/agent.yaml)."),
+    entry("n1", "s1", "Go on."),
+]
+
+
+class TestTranscriptsAsClaudeCodeWritesThem:
+    """Shapes real Claude Code versions write, each read the way Claude Code reads it."""
+
+    def test_boundary_whose_logical_parent_was_never_written(self, hook: Hook) -> None:
+        """2.1.39: logicalParentUuid names an entry never written; the boundary links to the last
+        main-chain entry before it, so the history is traced and re-compaction is allowed."""
+        allowed(hook(hook_input("lost_parent")))
+        region = hook.last()["activation"]["region"]
+        assert (region["depth"], region["dead_sources"]) == (1, [])
+        assert source("u2-0000") in region["live_sources"]  # the config read behind the summary
+        assert source("x1-0000") not in region["live_sources"]  # the abandoned branch
+
+    def test_boundary_logical_parent_not_in_the_file(self, hook: Hook, tmp_path: Path) -> None:
+        """The same, hand-written: the boundary links to the last main-chain entry before it."""
+        lines = [*HISTORY, boundary("b1", "never-written"), *COMPACTED[3:]]
+        allowed(hook(hook_input(write_lines(tmp_path / "t.jsonl", *lines))))
+        assert hook.last()["activation"]["region"]["live_sources"] == [
+            source("h1"),
+            source("h2"),
+            source("n1"),
+        ]
+
+    def test_preserved_segment_follows_the_summary(self) -> None:
+        """Messages a boundary preserved are read after its summary, not as summarized history."""
+        first, second = read_transcript(FIXTURES / "preserved.jsonl").segments
+        before = [o.source_id.rsplit(":", 1)[1] for o in first.originals]
+        after = [o.source_id.rsplit(":", 1)[1] for o in second.originals]
+        assert before == ["u1-0000", "a1-0000", "u2-0000", "a2-0000"]
+        assert after[:3] == ["u3-0000", "a3-0000", "u4-0000"] and second.summary is not None
+
+    def test_preserved_segment_is_allowed_once_archived(self, hook: Hook) -> None:
+        """The summary rests on the history before the preserved messages, all archived."""
+        allowed(hook(hook_input("preserved")))
+        region = hook.last()["activation"]["region"]
+        assert (region["depth"], region["dead_sources"]) == (1, [])
+        assert source("u2-0000") in region["live_sources"]
+
+    def test_results_of_parallel_tool_calls_are_read_beside_the_chain(
+        self, hook: Hook, tmp_path: Path
+    ) -> None:
+        """One record per content block: the first of two parallel tool calls' results hangs
+        off the chain, and is still evidence, archived."""
+
+        def call(tool: str) -> dict[str, Any]:
+            block = {"type": "tool_use", "id": tool, "name": "Read", "input": {}}
+            return {"role": "assistant", "id": "msg_1", "content": [block]}
+
+        def result(tool: str, text: str) -> dict[str, Any]:
+            block = {"type": "tool_result", "tool_use_id": tool, "content": text}
+            return {"role": "user", "content": [block]}
+
+        transcript = write_lines(
+            tmp_path / "parallel.jsonl",
+            entry("u1", None, "Read both files."),
+            entry("c1", "u1", "", "assistant", message=call("t1")),
+            entry("c2", "c1", "", "assistant", message=call("t2")),
+            entry("r1", "c1", "", message=result("t1", "ceiling: 7")),
+            entry("r2", "c2", "", message=result("t2", "no match")),
+            entry("a1", "r2", "Done.", "assistant"),
+        )
+        allowed(hook(hook_input(transcript)))
+        assert hook.held(source("r1"), source("r2")) == {source("r1"), source("r2")}
+
+
+class TestMalformedTranscripts:
+    """Every malformed transcript gets a deliberate answer (docs/claude-code.md lists them)."""
+
+    def test_invalid_utf8_bytes_are_replaced(self, hook: Hook, tmp_path: Path) -> None:
+        """A byte that is not UTF-8 is read as U+FFFD, never a crash."""
+        line = json.dumps(entry("u1", None, "ceiling 7 XX")).encode().replace(b"XX", b"\xff\xfe")
+        allowed(hook(hook_input(write_lines(tmp_path / "t.jsonl", line))))
+        with SQLiteStore(hook.store) as store:
+            assert store.get_source(source("u1")) == "ceiling 7 \ufffd\ufffd"
+
+    def test_lone_surrogate_escape_is_replaced(self, hook: Hook, tmp_path: Path) -> None:
+        """A cut emoji (a lone `\\ud83d` escape) in the JSON is stored as U+FFFD."""
+        line = json.dumps(entry("u1", None, "done CUT")).replace("CUT", "\\ud83d")
+        allowed(hook(hook_input(write_lines(tmp_path / "t.jsonl", line))))
+        with SQLiteStore(hook.store) as store:
+            assert store.get_source(source("u1")) == "done \ufffd"
+
+    def test_lines_off_the_chain_that_are_not_objects_are_left_out(
+        self, hook: Hook, tmp_path: Path
+    ) -> None:
+        """A line that is not a JSON object and that the chain does not need changes nothing."""
+        lines: list[Any] = [HISTORY[0], "not json", "[1, 2]", "", HISTORY[1]]
+        allowed(hook(hook_input(write_lines(tmp_path / "t.jsonl", *lines))))
+        assert hook.last()["activation"]["region"]["depth"] == 0
+
+    def test_wrong_types_are_not_evidence(self, hook: Hook, tmp_path: Path) -> None:
+        """A message that is not an object, content that is not text and usage counts that are
+        not token counts are ignored; the rest is read."""
+        usage = {"input_tokens": "9", "output_tokens": 1e300, "cache_read_input_tokens": True}
+        transcript = write_lines(
+            tmp_path / "t.jsonl",
+            entry("u1", None, "hello"),
+            entry("a1", "u1", "", "assistant", message="not an object"),
+            entry("a2", "a1", "hi", "assistant", isSidechain="no"),
+            entry("a3", "a2", "", "assistant", message={"content": 42, "usage": usage}),
+        )
+        allowed(hook(hook_input(transcript)))
+        assert hook.last()["activation"]["window"]["tokens"] == 0
+        assert hook.held(source("u1"), source("a2")) == {source("u1"), source("a2")}
+
+    @pytest.mark.parametrize(
+        ("lines", "error"),
+        [
+            (["{torn", *COMPACTED[1:]], "its parent h1 is not in the transcript"),
+            ([entry("u1", "u2", "a"), entry("u2", "u1", "b")], "parentUuid links form a cycle"),
+            ([entry("u1", 7, "a")], "parentUuid is a int"),
+            ([*HISTORY, boundary("b1", "h2")], "summary of compaction 1 is not in the transcript"),
+            ([*HISTORY, boundary("b1", 5), *COMPACTED[3:]], "logicalParentUuid is a int"),
+            ([*HISTORY, boundary("b1", None), *COMPACTED[3:]], "dead source"),
+            (
+                [*HISTORY, '{"type":"user","isCompactSummary":true,"message":{"content":"Sum'],
+                "line 3 names a compaction but is not JSON",
+            ),
+            ([*COMPACTED[:3], summary("s1", "b1", " "), COMPACTED[4]], "summary without text"),
+        ],
+        ids=[
+            "chain-gap",
+            "cycle",
+            "parent-type",
+            "no-summary",
+            "logical-type",
+            "logical-none",
+            "torn-summary",
+            "empty-summary",
+        ],
+    )
+    def test_what_cannot_be_read_counts_as_untraced(
+        self, hook: Hook, tmp_path: Path, lines: list[Any], error: str
+    ) -> None:
+        """History or a summary the hook cannot read is an untraced summary: blocked by the
+        default policy, and the reason names the line."""
+        answer = blocked(hook(hook_input(write_lines(tmp_path / "t.jsonl", *lines))))
+        assert error in answer["reason"], answer["reason"]
+        dead = hook.last()["activation"]["region"]["dead_sources"]
+        assert any(d.startswith("untraced:") for d in dead)
+
+    def test_over_long_line_is_left_out_unless_it_names_a_compaction(
+        self, hook: Hook, tmp_path: Path
+    ) -> None:
+        """--max-line-bytes: a longer line is skipped in bounded memory; one naming a compaction
+        blocks."""
+        big = json.dumps(entry("x1", None, "y" * 5000))
+        allowed(
+            hook(
+                hook_input(write_lines(tmp_path / "t.jsonl", big, *HISTORY)),
+                "--max-line-bytes",
+                "4096",
+            )
+        )
+        marked = big.replace('"isSidechain"', '"isCompactSummary":true,"isSidechain"')
+        transcript = write_lines(tmp_path / "t.jsonl", marked, *HISTORY)
+        answer = blocked(hook(hook_input(transcript), "--max-line-bytes", "4096"))
+        assert "line 1 names a compaction but is over 4,096 bytes" in answer["reason"]
+
+
+class TestUndecidable:
+    """When the hook cannot decide it blocks with exit 0: any non-zero exit but 2 would let
+    Claude Code compact ungated, and 2 is lost when hooks run through PowerShell."""
 
     @pytest.mark.parametrize(
         ("stdin", "options", "error"),
         [
             ("not json", (), "not the hook input JSON"),
+            ("[" * 100_000, (), "not the hook input JSON"),
             ('["PreCompact"]', (), "must be a JSON object"),
             ({**hook_input("fresh"), "trigger": "sometimes"}, (), '"trigger" must be auto'),
-            ({**hook_input("fresh"), "hook_event_name": "Stop"}, (), "expected a PreCompact"),
+            ({**hook_input("fresh"), "trigger": ["auto"]}, (), '"trigger" must be auto'),
+            ({**hook_input("fresh"), "hook_event_name": "Stop"}, (), "must be PreCompact"),
+            ({**hook_input("fresh"), "session_id": 7}, (), '"session_id" must be'),
+            ({**hook_input("fresh"), "transcript_path": None}, (), '"transcript_path" must be'),
             (hook_input(Path("/nonexistent/t.jsonl")), (), "cannot read transcript"),
+            (hook_input(Path("/dev/zero")), (), "not a regular file (a character device)"),
+            (hook_input(FIXTURES), (), "not a regular file (a directory)"),
             (hook_input("fresh"), ("--no-such-option",), "unrecognized arguments"),
+            (hook_input("fresh"), ("--context-window", "0"), "must be > 0"),
+            (hook_input("fresh"), ("--time-budget", "nan"), "must be > 0"),
             (hook_input("fresh"), ("--policies", "/nonexistent/policies"), "nonexistent"),
+            (hook_input("fresh"), ("--max-transcript-bytes", "100"), "over the limit of 100"),
         ],
     )
-    def test_failure_exits_1_with_the_error_on_stderr(
+    def test_bad_input_is_blocked_with_the_reason(
         self, hook: Hook, stdin: Any, options: tuple[str, ...], error: str
     ) -> None:
-        """Each kind of bad input is reported on stderr with exit 1 and nothing on stdout."""
-        result = hook(stdin, *options)
-        assert (result.returncode, result.stdout) == (1, "")
-        assert error in result.stderr
+        """Each kind of bad input: a block naming the problem (also on stderr), exit 0."""
+        undecided(hook(stdin, *options), error)
+
+    def test_stdin_over_the_limit(self, hook: Hook) -> None:
+        undecided(hook(" " * (1024 * 1024 + 1)), "over 1,048,576 bytes")
+
+    @pytest.mark.parametrize(
+        ("content", "error"),
+        [
+            (b"", "the transcript is empty"),
+            (b"\n\n", "no main-chain user or assistant entry"),
+            (b'{"type":"summary","summary":"x","leafUuid":"u1"}\n', "no main-chain user"),
+        ],
+    )
+    def test_transcript_without_a_conversation(
+        self, hook: Hook, tmp_path: Path, content: bytes, error: str
+    ) -> None:
+        """An empty file or one without any conversation entry cannot be traced: blocked."""
+        path = tmp_path / "t.jsonl"
+        path.write_bytes(content)
+        undecided(hook(hook_input(path)), error)
+
+    def test_fifo_transcript_is_refused_at_once(self, hook: Hook, tmp_path: Path) -> None:
+        """A FIFO is never opened for a blocking read (nobody writes to it)."""
+        fifo = tmp_path / "t.jsonl"
+        os.mkfifo(fifo)
+        undecided(hook(hook_input(fifo)), "not a regular file (a FIFO)")
+
+    def test_sparse_gigabyte_transcript_is_refused_unread(self, hook: Hook, tmp_path: Path) -> None:
+        """A 1 GB sparse file is over --max-transcript-bytes: refused from its size alone."""
+        path = tmp_path / "t.jsonl"
+        with path.open("wb") as f:
+            f.truncate(1 << 30)
+        undecided(hook(hook_input(path)), "is 1,073,741,824 bytes, over the limit")
+
+    def test_zeros_without_a_newline_are_read_in_bounded_memory(
+        self, hook: Hook, tmp_path: Path
+    ) -> None:
+        """A 64 MB line of NULs under the size limit is skipped in chunks, then refused empty."""
+        path = tmp_path / "t.jsonl"
+        with path.open("wb") as f:
+            f.truncate(64 << 20)
+        undecided(hook(hook_input(path), "--max-line-bytes", "1048576"), "no main-chain user")
+
+    @pytest.mark.parametrize("option", ["--decision-log", "--store"])
+    def test_fifo_log_or_store_is_refused(self, tmp_path: Path, option: str) -> None:
+        """A FIFO as decision log or store would block the open: refused before it."""
+        fifo = tmp_path / "fifo"
+        os.mkfifo(fifo)
+        command = [str(POLICYHOOK), "claude-precompact", "--store", str(tmp_path / "s.sqlite")]
+        result = subprocess.run(
+            [*command, option, str(fifo)],
+            input=json.dumps(hook_input("fresh")),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        undecided(result, "is not a regular file (a FIFO)")
+
+    def test_bad_policy_file_is_blocked(self, hook: Hook, tmp_path: Path) -> None:
+        policy = tmp_path / "p.yaml"
+        policy.write_text("apiVersion: [")
+        undecided(hook(hook_input("fresh"), "--policies", str(policy)), str(policy))
+
+    def test_time_budget_answers_instead_of_hanging(self, tmp_path: Path) -> None:
+        """Whatever hangs (here stdin never closes), past --time-budget the hook blocks and
+        exits."""
+        command = [str(POLICYHOOK), "claude-precompact", "--store", str(tmp_path / "s.sqlite")]
+        command += ["--time-budget", "0.5"]
+        with subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as process:
+            assert process.stdout is not None and process.stderr is not None
+            out, err = process.stdout.read(), process.stderr.read()  # EOF: the hook has exited
+            code = process.wait(timeout=60)
+        result = subprocess.CompletedProcess(command, code, out, err)
+        undecided(result, "no decision within the time budget of 0.5 s")
+
+    def test_help_exits_0(self) -> None:
+        command = [str(POLICYHOOK), "claude-precompact", "--help"]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0 and "--time-budget" in result.stdout
 
 
 def test_read_transcript_follows_the_active_chain() -> None:
