@@ -24,13 +24,14 @@ from typing import Any, TypeVar, cast, overload
 
 from opentelemetry import metrics, trace
 
+from policyhook import _shapes
 from policyhook import activation as schema
 from policyhook.cel import Backend
 from policyhook.decisionlog import DecisionLog
 from policyhook.errors import UnsafeRecompactionError
 from policyhook.loader import load_default
 from policyhook.policy import Decision, PolicySet
-from policyhook.provenance import Ledger, Region, Resolution, Source, content_of
+from policyhook.provenance import Ledger, Region, Resolution, Source
 from policyhook.reload import PolicyWatcher
 from policyhook.stores import MemoryStore, Store
 from policyhook.telemetry import Telemetry
@@ -38,6 +39,8 @@ from policyhook.telemetry import Telemetry
 _logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: The largest CEL int: request fields and token counts beyond it are refused at the call.
+INT64_MAX = 2**63 - 1
 #: Called with every decision and its activation (see `policyhook.testing.capture_decisions`).
 DecisionListener = Callable[[Decision, Mapping[str, Any]], None]
 
@@ -54,12 +57,22 @@ class Request:
     window_budget: int = 0
 
     def __post_init__(self) -> None:
+        """Every field checked here, at the call: a bad value must not reach the policy engine."""
         if self.trigger is not None and self.trigger not in schema.TRIGGERS:
             raise ValueError(f'"trigger" must be automatic or manual: {self.trigger!r}')
-        if not 0.0 <= self.budget_pressure <= 1.0:
-            raise ValueError(f'"budget_pressure" must be within 0..1: {self.budget_pressure!r}')
-        if self.attempt < 1:
-            raise ValueError(f'"attempt" must be >= 1: {self.attempt!r}')
+        pressure = self.budget_pressure
+        if (
+            isinstance(pressure, bool)
+            or not isinstance(pressure, int | float)
+            or not 0.0 <= pressure <= 1.0  # also refuses NaN
+        ):
+            raise ValueError(f'"budget_pressure" must be a number within 0..1: {pressure!r}')
+        for name, low in (("attempt", 1), ("window_tokens", 0), ("window_budget", 0)):
+            value = getattr(self, name)
+            if not _int_within(value, low):
+                raise ValueError(f'"{name}" must be an int within {low}..2**63-1: {value!r}')
+        if not isinstance(self.window, str) or not self.window:
+            raise ValueError(f'"window" must be a non-empty str: {self.window!r}')
 
 
 _current_request: ContextVar[Request | None] = ContextVar("policyhook_request", default=None)
@@ -139,9 +152,13 @@ class _Call:
 
 
 def _texts(output: Any) -> list[str]:
-    items = output if isinstance(output, list | tuple) else [output]
-    texts = [t.text if isinstance(t, Region) else content_of(t) for t in items]
-    return [t.strip() for t in texts if isinstance(t, str) and t.strip()]
+    """A summarizer's output as the summaries to record; TypeError if its shape is unreadable
+    (an output the guard cannot record would come back later as original evidence)."""
+    if output is None:
+        return []
+    units = _shapes.read(output, keep=(Region,), where="output")
+    texts = [u.text or "" if isinstance(u, Region) else u for u in units]
+    return [t.strip() for t in texts if t.strip()]
 
 
 class Guard:
@@ -393,7 +410,7 @@ class Guard:
     def _tokens(self, value: Any) -> int | None:
         if self.count_tokens is None:
             return None
-        return self.count_tokens(_joined(value))
+        return _token_count(self.count_tokens(_joined(value)))
 
     def _log(self, decision: Decision, activation: dict[str, Any], span: Any) -> None:
         if self.decision_log is None:
@@ -413,9 +430,21 @@ def _request() -> Request:
 
 
 def _joined(value: Any) -> str:
-    items = value if isinstance(value, list | tuple) else [value]
-    texts = [i.text or "" if isinstance(i, Region) else content_of(i) or "" for i in items]
-    return "\n".join(texts)
+    """The input's text as one string (for token counting and content capture)."""
+    units = _shapes.read(value, keep=(Region,))
+    return "\n".join(u.text or "" if isinstance(u, Region) else u for u in units)
+
+
+def _int_within(value: Any, low: int) -> bool:
+    """An int (not a bool) within low..INT64_MAX."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= INT64_MAX
+
+
+def _token_count(count: Any) -> int:
+    """`count_tokens`' result, checked before it reaches a policy (CEL ints are 64-bit)."""
+    if not _int_within(count, 0):
+        raise ValueError(f"count_tokens must return an int within 0..2**63-1: {count!r}")
+    return int(count)
 
 
 def _spec(

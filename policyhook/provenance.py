@@ -11,11 +11,13 @@ import hashlib
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import ahocorasick_rs
+
+from policyhook import _shapes
 
 if TYPE_CHECKING:
     from policyhook.stores import Store
@@ -338,23 +340,13 @@ def _char_offsets(data: bytes, starts: list[int]) -> list[int]:
 
 
 def content_of(item: Any) -> str | None:
-    """The text of a message-like item: a str, `.content`, or a `"content"` key.
-
-    Content given as a list of blocks (`[{"type": "text", "text": ...}]`, as chat APIs do) is
-    joined with newlines.
-    """
-    if isinstance(item, str):
-        return item
-    content = item.get("content") if isinstance(item, Mapping) else getattr(item, "content", None)
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = [
-            b if isinstance(b, str) else b.get("text") if isinstance(b, Mapping) else None
-            for b in content
-        ]
-        return "\n".join(t for t in texts if isinstance(t, str))
-    return None
+    """The text of a message-like item as the guard reads it (`policyhook._shapes`), or None
+    when its shape cannot be read. For adapters that read known shapes; the guard itself reads
+    with `_shapes.read`, which refuses what it cannot read."""
+    try:
+        return _shapes.text(item)
+    except TypeError:
+        return None
 
 
 class Ledger:
@@ -421,31 +413,22 @@ class Ledger:
 
     # -- recognition ----------------------------------------------------------------------------
 
-    def resolve(
-        self, value: Any, window: str, extractor: Callable[[Any], Any] | None = None
-    ) -> Resolution:
-        """What `value` (a str, list of str/messages/regions, message, or Region) rests on."""
-        if extractor is not None:
-            value = extractor(value)
+    def resolve(self, value: Any, window: str) -> Resolution:
+        """What `value` rests on: any shape `policyhook._shapes` reads (str, messages, content
+        blocks, Regions, nested lists); TypeError naming the part it cannot read."""
+        units = _shapes.read(value, keep=(Region,))
         parts: list[Region] = []
         unregistered: list[tuple[str, str]] = []
         texts: list[str] = []
         with self._lock:
             recognizers = (self._recognizer(window), self._shared_recognizer())
-            for item in value if isinstance(value, list | tuple) else (value,):
-                if isinstance(item, Region):
-                    parts.append(item)
-                    texts.append(item.text or item.id)
-                    continue
-                text = content_of(item)
-                if text is None:
-                    raise TypeError(
-                        "cannot tell what this input rests on: expected str, Region, a message "
-                        "with .content or a 'content' key, or a list of those; got "
-                        f"{type(item).__name__} (pass extractor= to the guard for other shapes)"
-                    )
-                texts.append(text)
-                self._split(text, recognizers, parts, unregistered)
+            for unit in units:
+                if isinstance(unit, Region):
+                    parts.append(unit)
+                    texts.append(unit.text or unit.id)
+                else:
+                    texts.append(unit)
+                    self._split(unit, recognizers, parts, unregistered)
         region_id = text_id("r", "\x1e".join(texts))
         return Resolution(Region.merge(parts, region_id), tuple(unregistered))
 

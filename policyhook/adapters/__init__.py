@@ -16,10 +16,10 @@ listeners as a decorated summarizer.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from policyhook.provenance import Region, content_of, text_id
+from policyhook import _shapes
+from policyhook.provenance import Region, text_id
 
 __all__ = ["MESSAGE_KINDS", "message_kind", "message_text", "untraced_summary"]
 
@@ -39,13 +39,9 @@ def message_kind(message: Any) -> str:
 
 
 def message_text(message: Any) -> str:
-    """A message's text as archived: its content, plus its tool calls, which carry evidence too."""
-    text = content_of(message) or ""
-    calls = [
-        f"[tool call] {c['name']}({json.dumps(c.get('args', {}), sort_keys=True, default=str)})"
-        for c in getattr(message, "tool_calls", None) or ()
-    ]
-    return "\n".join([text, *calls] if text.strip() else calls) if calls else text
+    """A message's text as archived, and as the guard reads it: its content, plus its tool calls
+    (`[tool call] name({...})`), which carry evidence too. TypeError if it cannot be read."""
+    return _shapes.text(message, where="message")
 
 
 def untraced_summary(text: str) -> Region:
