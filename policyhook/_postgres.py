@@ -174,7 +174,7 @@ class PostgresStore:
             max_size=pool_size,
             open=False,
             timeout=timeout,
-            reconnect_timeout=0,  # keep trying to reconnect for as long as the server is gone
+            reconnect_timeout=0,  # no background retry storm: the next call connects again
             name=f"policyhook-{schema}",
             kwargs={
                 "autocommit": True,
@@ -353,8 +353,8 @@ class PostgresStore:
         )
         return {_s(i): state for i, state in rows}
 
-    def put_summary(self, entry: Entry, text: str) -> Entry:
-        return self._record_summary(entry, text)
+    def put_summary(self, entry: Entry, text: str) -> None:
+        self._record_summary(entry, text)
 
     def _record_summary(self, entry: Entry, text: str) -> Entry:
         """Write `entry`, merged with the text's earlier record if any; the window's depth with it.

@@ -527,8 +527,8 @@ class RedisStore:
         flat = self._run("states", self._states, self._held, [_b(i) for i in source_ids])
         return {_s(flat[i]): _s(flat[i + 1]) for i in range(0, len(flat), 2)}  # type: ignore[misc]
 
-    def put_summary(self, entry: Entry, text: str) -> Entry:
-        return self._record_summary(entry, text)
+    def put_summary(self, entry: Entry, text: str) -> None:
+        self._record_summary(entry, text)
 
     def _record_summary(self, entry: Entry, text: str) -> Entry:
         """Write `entry`, merged with the text's earlier record if any (compare-and-set)."""

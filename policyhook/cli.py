@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 OTLP_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
+STORE_ENV = "POLICYHOOK_STORE"
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -35,8 +36,18 @@ def _demo(args: argparse.Namespace) -> int:
                 print(f"policyhook demo --otlp: {exc}", file=sys.stderr)
                 return EXIT_USAGE
             print(f"policyhook demo: not exporting to ${OTLP_ENDPOINT_ENV}: {exc}", file=sys.stderr)
+    guard = None
+    if args.store:
+        from policyhook.hook import Guard
+        from policyhook.stores import open_store
+
+        try:
+            guard = Guard(store=open_store(args.store))
+        except (ImportError, ValueError, ConnectionError) as exc:
+            print(f"policyhook demo --store: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     try:
-        run(sys.stdout)
+        run(sys.stdout, guard)
     finally:
         if telemetry is not None:
             telemetry.shutdown()
@@ -68,6 +79,13 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="export spans and metrics over OTLP (default: when OTEL_EXPORTER_OTLP_ENDPOINT "
         "is set)",
+    )
+    demo.add_argument(
+        "--store",
+        metavar="URL",
+        default=os.environ.get(STORE_ENV),
+        help="keep provenance in a shared store: postgresql://..., redis://..., "
+        f"sqlite:///path.db (default: ${STORE_ENV}, else in memory)",
     )
     demo.set_defaults(run=_demo)
 

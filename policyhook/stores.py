@@ -17,7 +17,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from policyhook.provenance import Entry, Region, Source, anchor_of, digest, encode
 
@@ -574,3 +574,30 @@ class SQLiteStore:
         held = [(_entry(r[:-1]), str(r[-1])) for r in reversed(rows)]
         closures = self.rests_on([e.id for e, _ in held])
         return [(_region(e, closures[e.id]), t) for e, t in held]
+
+
+def open_store(url: str, **options: Any) -> Store:
+    """A store from a URL, for settings and command lines (`policyhook demo --store URL`).
+
+    `postgresql://...` or `postgres://...`: PostgresStore; `redis://`, `rediss://`, `unix://`:
+    RedisStore; `sqlite:///abs/path.db` or `sqlite:rel/path.db`: SQLiteStore; `memory:`:
+    MemoryStore. `options` go to the store's constructor (ttl, timeout, schema, namespace...).
+    """
+    scheme = url.partition(":")[0].lower()
+    if scheme in ("postgresql", "postgres"):
+        from policyhook._postgres import PostgresStore
+
+        return PostgresStore(url, **options)
+    if scheme in ("redis", "rediss", "unix"):
+        from policyhook._redis import RedisStore
+
+        return RedisStore(url, **options)
+    if scheme == "sqlite":
+        path = url.partition(":")[2]
+        return SQLiteStore(path[2:] if path.startswith("//") else path, **options)
+    if url == "memory:":
+        return MemoryStore(**options)
+    raise ValueError(
+        f"unknown store URL {url!r}: expected postgresql://..., redis://..., "
+        "sqlite:///path/to/file.db or memory:"
+    )

@@ -130,8 +130,13 @@ class TestReference:
 
         text = doc("monitoring.md")
         compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text(encoding="utf-8"))
-        published = {port for s in compose["services"].values() for port in published_ports(s)}
-        for port in published:
+        services = compose["services"].values()
+        published = {port for s in services for port in published_ports(s)}
+        # The fleet profile's stores are documented with the stores (tests/test_fleet_compose.py).
+        fleet = {
+            p for s in services if "fleet" in s.get("profiles", ()) for p in published_ports(s)
+        }
+        for port in published - fleet:
             assert re.search(rf"\b{port}\b", text), f"port {port} is not documented"
         for url_port in re.findall(r"localhost:(\d+)", text):
             assert int(url_port) in published, f"docs name localhost:{url_port}, unpublished"

@@ -70,6 +70,7 @@ def guarded(store: Store) -> tuple[Guard, str]:
     """A guard on `store` with a config source and a granted depth-1 summary of it."""
     guard = Guard(store=store)
     guard.record_source(CONFIG, kind="config_read", source_id="cfg-retry-ceiling")
+
     def compact(text: str) -> str:
         return SUMMARY
 

@@ -13,7 +13,9 @@ reload, new revision); every 60 passes a broken file is written for one pass (a 
 that keeps the last good revision), so every panel and alert of the dashboard has data.
 
 Environment: POLICYHOOK_DEMO_INTERVAL (seconds between passes, default 2), POLICYHOOK_DEMO_PASSES
-(stop after that many passes, default 0 = run until stopped).
+(stop after that many passes, default 0 = run until stopped), POLICYHOOK_STORE (a store URL such
+as postgresql://... or redis://...: every pass of every worker shares that store; the compose
+`fleet` profile runs two workers on one).
 """
 
 from __future__ import annotations
@@ -80,6 +82,10 @@ def main() -> int:
 
     import policyhook  # after the providers: nothing depends on it, but it reads clearly
     from policyhook.demo import run
+    from policyhook.stores import open_store
+
+    url = os.environ.get("POLICYHOOK_STORE")
+    store = open_store(url) if url else None  # None: each guard keeps its own, in memory
 
     folder = Path(tempfile.mkdtemp(prefix="policyhook-demo-"))
     audit, broken = folder / "shadow.yaml", folder / "broken.yaml"
@@ -98,8 +104,8 @@ def main() -> int:
             if number % 20 == 1:
                 audit.write_text(AUDIT_POLICY.format(edit=number), encoding="utf-8")
                 watcher.check()  # success: new revision
-            run(out, policyhook.Guard())  # enforced default policy: the refusal raises
-            shadow = policyhook.Guard.from_path(folder, reload_interval=0)
+            run(out, policyhook.Guard(store=store))  # enforced default policy: the refusal raises
+            shadow = policyhook.Guard.from_path(folder, reload_interval=0, store=store)
             try:
                 run(out, shadow)  # audit mode: the same refusal becomes would_deny
             finally:
