@@ -1,0 +1,235 @@
+"""Grounding benchmark: speed of the check and its accuracy, printed as markdown.
+
+    .venv/bin/python benchmarks/grounding.py            # a minute or two
+    .venv/bin/python benchmarks/grounding.py --quick    # a few seconds
+
+Speed: a real 2 KB slice of a Claude Code compaction summary checked against 100 KB of the real
+history before its boundary (tests/fixtures/grounding/), median / mean / p99 of single calls,
+beside a hand-written baseline measured in the same run: every number-or-identifier token of the
+summary looked up verbatim (`str.find`) in the joined sources, the check validators in the wild
+do. Then how the check scales with the summary and with the sources (it should be linear in the
+first and flat in the second, since sources are indexed once, when recorded), and the cost of
+indexing. Accuracy: precision and recall on the hand-written corpus (faithful and corrupted
+summaries) and the counts on the real summaries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gzip
+import json
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from policyhook.grounding import FactIndex, check, extract
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures" / "grounding"
+CORRUPTIONS = ("changed", "unit", "id", "invented", "dropped")
+
+
+def measure(fn: Callable[[], object], repeat: int) -> list[float]:
+    """Wall time of `repeat` single calls, in microseconds, after a warm-up."""
+    for _ in range(max(3, repeat // 10)):
+        fn()
+    clock = time.perf_counter_ns
+    samples = []
+    for _ in range(repeat):
+        start = clock()
+        fn()
+        samples.append((clock() - start) / 1000)
+    return samples
+
+
+def row(name: str, samples: list[float], base: float | None = None) -> str:
+    ordered = sorted(samples)
+    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    med = statistics.median(samples)
+    ratio = f"{med / base:.2f}x" if base else "1.00x"
+    mean = statistics.fmean(samples)
+    return f"| {name} | {med:,.0f} | {mean:,.0f} | {p99:,.0f} | {ratio} |"
+
+
+def _content(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    parts = []
+    for block in content if isinstance(content, list) else []:
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "text":
+            parts.append(str(block.get("text", "")))
+        elif block.get("type") == "tool_use":
+            parts.append(json.dumps(block.get("input", {}), sort_keys=True))
+        elif block.get("type") == "tool_result":
+            parts.append(_content(block.get("content")))
+    return "\n".join(parts)
+
+
+def session(name: str) -> tuple[list[tuple[str, str]], str]:
+    """(source id, text) of the history before the boundary, and the compaction summary."""
+    history: list[tuple[str, str]] = []
+    with gzip.open(FIXTURES / f"{name}.jsonl.gz", "rt", encoding="utf-8") as lines:
+        for line in lines:
+            entry = json.loads(line)
+            if entry.get("isCompactSummary"):
+                return history, _content(entry["message"]["content"])
+            if entry.get("type") in ("user", "assistant") and not entry.get("isSidechain"):
+                text = _content(entry["message"].get("content"))
+                if text.strip():
+                    history.append((entry["uuid"], text))
+    raise SystemExit(f"{name}: no compaction summary")
+
+
+def take(history: list[tuple[str, str]], chars: int) -> list[tuple[str, str]]:
+    """The first entries of the history, the last one cut, so they total `chars` characters."""
+    out, total = [], 0
+    for sid, text in history:
+        if total >= chars:
+            break
+        text = text[: chars - total]
+        out.append((sid, text))
+        total += len(text)
+    return out
+
+
+def cut(summary: str, chars: int) -> str:
+    """A slice of the summary of about `chars` characters, ending at a line break."""
+    text = summary[:chars]
+    return text[: text.rfind("\n") + 1] or text
+
+
+def indexed(sources: list[tuple[str, str]]) -> FactIndex:
+    idx = FactIndex()
+    for sid, text in sources:
+        idx.add(sid, text)
+    return idx
+
+
+_TOKEN = re.compile(r"\d[\d,.]*\w*|[A-Za-z_][\w-]*[_\d][\w-]*|[\w.-]*/[\w./-]+")
+
+
+def baseline(summary: str, joined: str) -> list[str]:
+    """Hand-written verbatim check: tokens of the summary no source contains as a substring."""
+    return [tok for tok in _TOKEN.findall(summary) if joined.find(tok) < 0]
+
+
+def speed(quick: bool) -> None:
+    repeat = 200 if quick else 2000
+    history, summary = session("apollo-32")
+    sources = take(history, 100_000)
+    idx = indexed(sources)
+    joined = "\n".join(text for _, text in sources)
+    text = cut(summary, 2048)
+    print(f"## Speed: {len(text):,} characters of summary, {len(joined):,} of live sources\n")
+    print("| call | median us | mean us | p99 us | vs baseline |")
+    print("|---|---:|---:|---:|---:|")
+    base = measure(lambda: baseline(text, joined), repeat)
+    base_median = statistics.median(base)
+    print(row("baseline: verbatim str.find of each token", base))
+    print(
+        row(
+            "grounding.check (extract + match + dropped)",
+            measure(lambda: check(text, idx), repeat),
+            base_median,
+        )
+    )
+    print(
+        row(
+            "grounding.extract (the summary's facts)",
+            measure(lambda: extract(text), repeat),
+            base_median,
+        )
+    )
+    live = frozenset(sid for sid, _ in sources[::2])
+    print(
+        row(
+            "grounding.check, half the sources live",
+            measure(lambda: check(text, idx, live), repeat),
+            base_median,
+        )
+    )
+    print()
+    print("### Linear in the summary, flat in the sources (median us of check)\n")
+    print("| summary chars | 50 KB sources | 100 KB | 200 KB | 300 KB |")
+    print("|---:|---:|---:|---:|---:|")
+    sizes = (50_000, 100_000, 200_000, 300_000)
+    indexes = {size: indexed(take(history, size)) for size in sizes}
+    for chars in (1024, 2048, 4096, 8192, 16384):
+        part = cut(summary, chars)
+        cells = [
+            statistics.median(measure(functools.partial(check, part, indexes[s]), repeat // 4))
+            for s in sizes
+        ]
+        print(f"| {len(part):,} | " + " | ".join(f"{c:,.0f}" for c in cells) + " |")
+    print()
+    print("### Indexing the sources (once per source, when it is recorded)\n")
+    print("| sources | median ms | KB per ms |")
+    print("|---:|---:|---:|")
+    for size in sizes:
+        chunk = take(history, size)
+        ms = statistics.median(measure(functools.partial(indexed, chunk), 3 if quick else 7)) / 1000
+        print(f"| {size // 1000} KB | {ms:,.1f} | {size / 1000 / ms:.2f} |")
+    print()
+
+
+def accuracy() -> None:
+    cases = json.loads((FIXTURES / "corpus.json").read_text(encoding="utf-8"))["cases"]
+    print(f"## Accuracy: hand-written corpus ({len(cases)} cases)\n")
+    false_refusals = 0
+    caught = {k: 0 for k in CORRUPTIONS}
+    flagged_total = 0
+    for case in cases:
+        idx = indexed(list(case["sources"].items()))
+        faithful = check(case["faithful"], idx)
+        if faithful.ungrounded or faithful.unverifiable:
+            false_refusals += 1
+            flagged_total += 1
+        for kind in CORRUPTIONS:
+            g = check(case["corrupted"][kind], idx)
+            hit = bool(g.dropped) if kind == "dropped" else bool(g.ungrounded)
+            caught[kind] += hit
+            flagged_total += hit
+    print("| corruption | caught | recall |")
+    print("|---|---:|---:|")
+    for kind in CORRUPTIONS:
+        print(f"| {kind} | {caught[kind]}/{len(cases)} | {caught[kind] / len(cases):.0%} |")
+    total = sum(caught.values())
+    n = len(cases) * len(CORRUPTIONS)
+    print(f"| all | {total}/{n} | {total / n:.0%} |")
+    precision = total / flagged_total if flagged_total else 1.0
+    print(f"\nFaithful summaries flagged (false refusals): {false_refusals}/{len(cases)}. ")
+    print(f"Precision (flagged summaries that were corrupted): {precision:.0%}.\n")
+    print("## Real compaction summaries (Claude Code, tests/fixtures/grounding/)\n")
+    head = "| session | history chars | summary chars | facts | grounded | ungrounded | dropped |"
+    print(head)
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name in ("apollo-23", "apollo-32"):
+        history, summary = session(name)
+        s = check(summary, indexed(history)).summary()
+        chars = sum(len(t) for _, t in history)
+        print(
+            f"| {name} | {chars:,} | {len(summary):,} | {s['facts']} | {s['grounded']} "
+            f"| {s['ungrounded']} | {s['dropped']} of {s['key_facts']} key facts |"
+        )
+    print()
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    args = parser.parse_args(argv)
+    print(f"Python {sys.version.split()[0]}\n")
+    speed(args.quick)
+    accuracy()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

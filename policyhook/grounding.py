@@ -1,0 +1,979 @@
+"""Grounding: which facts of a summary rest on a live source, which on none, which were dropped.
+
+A summary can be wrong at depth 1 with every source live: the summarizer writes "retries capped
+at 5" where the config said 7. The input-side check cannot see that; this module can. It extracts
+the checkable facts of a text deterministically (numbers with the key or unit beside them,
+identifiers, hashes, UUIDs, ticket ids, paths, URLs, versions, dates, quoted strings), indexes the
+facts of the sources once, when they are recorded, and maps each fact of a summary to the sources
+stating it.
+
+A number is checked with its context: "retries capped at 5" is the fact (5, {retry, cap}) and is
+grounded only by a source that states 5 next to one of those words. A bare "5" somewhere in a
+300 KB history grounds nothing. Identifiers, paths, URLs, versions, dates and quotes identify
+themselves and are checked verbatim (after normalisation).
+
+The check is linear in the summary; indexing is linear in the sources and done once per source.
+Nothing here imports the policy engine or the hook: they build on it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import threading
+from collections import Counter
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+__all__ = [
+    "KINDS",
+    "Fact",
+    "FactIndex",
+    "Grounding",
+    "check",
+    "cite",
+    "extract",
+]
+
+#: Every kind of fact the extractor reports, in the order policies see them.
+KINDS = (
+    "number",
+    "identifier",
+    "path",
+    "url",
+    "version",
+    "date",
+    "hash",
+    "uuid",
+    "ticket",
+    "quote",
+)
+
+#: Content words taken as a number's context: this many before it and this many after it, never
+#: across a line or sentence break.
+_BEFORE = 4
+_AFTER = 3
+
+_EXTENSIONS = (
+    "py|pyi|ts|tsx|js|jsx|mjs|cjs|json|jsonl|ya?ml|toml|ini|cfg|conf|md|rst|txt|csv|sql|sh|bash|"
+    "go|rs|rb|java|kt|swift|c|h|cc|cpp|hpp|cs|php|html|css|scss|lock|env|log|xml|proto|tf|r|R|"
+    "ipynb|svg|png|jpg|pdf|tex|cls|bib|dockerfile|gradle|vue|svelte"
+)
+_MONTHS = {
+    m[:3]: i + 1
+    for i, m in enumerate(
+        [
+            "january",
+            "february",
+            "march",
+            "april",
+            "may",
+            "june",
+            "july",
+            "august",
+            "september",
+            "october",
+            "november",
+            "december",
+        ]
+    )
+}
+_WORD_NUMBERS = {
+    w: i
+    for i, w in enumerate(
+        [
+            "zero",
+            "_",
+            "two",
+            "three",
+            "four",
+            "five",
+            "six",
+            "seven",
+            "eight",
+            "nine",
+            "ten",
+            "eleven",
+            "twelve",
+            "thirteen",
+            "fourteen",
+            "fifteen",
+            "sixteen",
+            "seventeen",
+            "eighteen",
+            "nineteen",
+            "twenty",
+        ]
+    )
+    if w != "_"
+}
+_WORD_NUMBERS.update(
+    {
+        w: 10 * (i + 3)
+        for i, w in enumerate(["thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"])
+    }
+)
+
+#: Units folded to one base so `5s` = `5 seconds` = `5000ms`; (base unit, factor).
+_UNITS: dict[str, tuple[str, Decimal]] = {}
+for _names, _base, _factor in (
+    ("ms msec msecs millisecond milliseconds", "s", "0.001"),
+    ("us µs microsecond microseconds", "s", "0.000001"),
+    ("s sec secs second seconds", "s", "1"),
+    ("m min mins minute minutes", "s", "60"),
+    ("h hr hrs hour hours", "s", "3600"),
+    ("d day days", "s", "86400"),
+    ("b byte bytes", "B", "1"),
+    ("kb kilobyte kilobytes", "B", "1000"),
+    ("kib", "B", "1024"),
+    ("mb megabyte megabytes", "B", "1000000"),
+    ("mib", "B", "1048576"),
+    ("gb gigabyte gigabytes", "B", "1000000000"),
+    ("gib", "B", "1073741824"),
+    ("tb", "B", "1000000000000"),
+    ("k", "", "1000"),
+    ("% percent pct", "%", "1"),
+    ("x", "x", "1"),
+):
+    for _name in _names.split():
+        _UNITS[_name] = (_base, Decimal(_factor))
+#: Units named by the last word of a key (`timeout_seconds`, `size_kb`), by their stem.
+_KEY_UNITS = {n: u for n, u in _UNITS.items() if len(n) > 1 and n.isalpha()}
+_SPACED_UNITS = (
+    r"milliseconds?|msecs?|ms|microseconds?|seconds?|secs?|minutes?|mins?|hours?|hrs?|days?"
+    r"|bytes?|[KMGT]i?B|[kmg]b|kilobytes?|megabytes?|gigabytes?|s|h"
+)
+
+_STOP = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "is",
+        "are",
+        "was",
+        "were",
+        "be",
+        "been",
+        "being",
+        "am",
+        "to",
+        "of",
+        "in",
+        "on",
+        "at",
+        "by",
+        "for",
+        "with",
+        "from",
+        "and",
+        "or",
+        "nor",
+        "not",
+        "no",
+        "it",
+        "its",
+        "this",
+        "that",
+        "these",
+        "those",
+        "as",
+        "than",
+        "then",
+        "so",
+        "if",
+        "per",
+        "each",
+        "all",
+        "any",
+        "up",
+        "down",
+        "into",
+        "over",
+        "under",
+        "about",
+        "after",
+        "before",
+        "we",
+        "i",
+        "you",
+        "he",
+        "she",
+        "they",
+        "them",
+        "our",
+        "my",
+        "your",
+        "his",
+        "her",
+        "their",
+        "has",
+        "have",
+        "had",
+        "do",
+        "does",
+        "did",
+        "will",
+        "would",
+        "can",
+        "could",
+        "should",
+        "may",
+        "might",
+        "must",
+        "also",
+        "only",
+        "just",
+        "now",
+        "still",
+        "there",
+        "here",
+        "which",
+        "what",
+        "when",
+        "where",
+        "who",
+        "whom",
+        "how",
+        "set",
+        "value",
+        "values",
+        "some",
+        "more",
+        "most",
+        "less",
+        "least",
+        "very",
+        "via",
+        "using",
+        "use",
+        "used",
+        "while",
+        "out",
+        "off",
+        "both",
+        "same",
+        "other",
+        "such",
+        "own",
+        "too",
+        "again",
+        "once",
+        "let",
+        "lets",
+        "me",
+        "us",
+        "but",
+        "yet",
+    ]
+)
+
+# One pass, alternatives in priority order. Quantifiers are possessive (`++`, `*+`) wherever a
+# backtrack could only fail again, and a plain word followed by a space is taken first: this is
+# what keeps the scan linear and fast on long histories.
+_FACT_RE = re.compile(
+    r"""
+    (?=[^\x20\t\r])
+    (?:
+    (?P<url>\b(?:https?|ftp|wss?)://[^\s<>"'`)\]}]++)
+  | (?P<uuid>\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b)
+  | (?P<date>\b\d{4}-\d{2}-\d{2}
+        (?:[T\x20]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?\b
+      | \b(?i:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*+\.?
+        \x20\d{1,2}(?:st|nd|rd|th)?,?\x20\d{4}\b
+      | \b\d{1,2}\x20(?i:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*+\.?,?\x20\d{4}\b)
+  | (?P<word>[A-Za-z][a-z']*+(?=[\s,;!?)\]}"'`*]|\Z))
+  | (?P<path>(?<![\w<>])(?:~|\.\.?)?/(?:[\w.@+-]++/)*+[\w.@+-]*[\w@+-](?::\d+(?::\d+)?)?
+      | [\w.@+-]++(?:/[\w.@+-]++){2,}/?(?::\d+(?::\d+)?)?
+      | [\w.@+-]++/[\w@+-]*+\.[A-Za-z]\w*+(?::\d+(?::\d+)?)?
+      | \b[\w-]++(?:\.[\w-]++)*?\.(?:"""
+    + _EXTENSIONS
+    + r""")\b(?::\d+(?::\d+)?)?)
+  | (?P<version>\bv?\d++\.\d++\.\d++(?:[-+][0-9A-Za-z.-]*[0-9A-Za-z]|\.\d+)*+\b|\bv\d++(?:\.\d+)?\b)
+  | (?P<hash>\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,64}\b)
+  | (?P<ticket>\b[A-Z][A-Z0-9]*+-\d++\b|(?<![\w&])\#\d++\b)
+  | (?P<identifier>(?<![\w-])--?[A-Za-z][\w-]*+
+      | \b_*+[A-Za-z$][A-Za-z0-9$]*+_[\w$]++
+      | \b[a-z][a-z0-9]*+[A-Z][\w$]*+
+      | \b[A-Z][a-z0-9]++[A-Z][\w$]*+
+      | \b[A-Za-z][A-Za-z0-9]*+(?:-[A-Za-z0-9]++){2,}\b
+      | \b(?:[a-z]|[A-Za-z]{2,}+)\d\w*+
+      | \b[a-z]++\d[a-z0-9]*+(?:-[a-z0-9]++)++\b|\b[a-z][a-z0-9]*+(?:-[a-z]*+\d[a-z0-9]*+)++\b
+      | \b[a-z_][a-z0-9_]++(?:\.[a-z_][a-z0-9_]++){2,}\b)
+  | (?P<number>(?<![\w.])(?:\d{1,3}(?:,\d{3})++|\d++)(?:\.\d++)?(?:[eE][-+]?\d++)?(?:/\d++)?
+        (?:\x20?%|(?P<glued>[A-Za-z]++)\b|\x20(?P<spaced>"""
+    + _SPACED_UNITS
+    + r""")\b)?(?![\w.]\w))
+  | (?P<other>[A-Za-z][A-Za-z']*+|\d\w*+)
+    )
+    """,
+    re.VERBOSE,
+)
+#: Paths are indexed by their last this many components (a deeper mention is cut to them).
+_PATH_DEPTH = 10
+#: Chunks between spaces; a chunk that is a plain word (the bulk of any text) is skipped unless
+#: it is a number or a month, so the fact expression runs only where facts can be.
+_CHUNK_RE = re.compile(r"\S+")
+_PUNCT = "()[]{}<>\"'`,.;:!?*"
+_CONTEXT_RE = re.compile(r"[A-Za-z_$][\w$]*")
+_BREAK_RE = re.compile(r"\n|[.;!?](?=\s)")
+_LAST_BREAK_RE = re.compile(r"(?:\n|[.;!?]\s)(?!.*(?:\n|[.;!?]\s))", re.DOTALL)
+#: Facts of a source a summary should keep: `key: value` numbers and these kinds.
+_KEY_KINDS = frozenset(("version", "hash", "uuid", "ticket"))
+#: A rate after a number: `600 requests per minute`, `2,300 req/s`.
+_RATE_RE = re.compile(
+    r"\s*(?:[A-Za-z]+\s+){0,2}?(?:[A-Za-z]*/|per\s+|an?\s+)"
+    r"(ms|s|sec|second|m|min|minute|h|hr|hour|d|day)\b",
+    re.IGNORECASE,
+)
+#: How far past its chunk a fact may reach (`5 seconds`, `Jan 5, 2025`).
+_SPILL = 16
+#: How far (in characters) a number's context is looked for on each side.
+_WINDOW = 100
+_RANGE_JOINS = frozenset(
+    ("-", "\u2013", "\u2014", " - ", " \u2013 ", " to ", "..", " and ", " or ", "/", ", ", ",")
+)
+_QUOTE_RE = re.compile(r'"([^"\n]{2,300})"|“([^”\n]{2,300})”|`([^`\n]{2,300})`')
+_ELISION_RE = re.compile(r"\[[^\]]*\]|\.{3,}|…")
+_WORDS_RE = re.compile(r"\w+")
+_TOKEN_RE = re.compile(r"[\w$@]+(?:[-.:][\w$@]+)*")
+_LETTER_DIGIT_RE = re.compile(r"[A-Za-z]+\d+[A-Za-z\d]*")
+_CAMEL_RE = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
+
+
+@dataclass(frozen=True, slots=True)
+class Fact:
+    """One checkable fact: its kind, its normalised value, and (for numbers) its context words.
+
+    `text` and `start`/`end` say where it was written; they are not part of its identity, so the
+    same fact written twice is one fact.
+    """
+
+    kind: str
+    value: str
+    context: frozenset[str] = frozenset()
+    key: str = ""  # the words before it as written, for people ("retries capped")
+    text: str = field(default="", compare=False)
+    start: int = field(default=0, compare=False)
+    end: int = field(default=0, compare=False)
+    assigned: bool = field(default=False, compare=False)  # written as `key: value` / `key = value`
+    bare: str = field(default="", compare=False)  # a number as written, without its unit
+
+    def __str__(self) -> str:
+        if self.kind == "number" and self.key:
+            return f"{self.key} {self.text or self.value}"
+        return self.text or self.value
+
+
+def _stem(word: str) -> str:
+    """A crude English stem, enough that "retries", "retry" and "retrying" meet."""
+    w = word.lower()
+    if len(w) > 4 and w.endswith("ies"):
+        return w[:-3] + "y"
+    if len(w) > 5 and w.endswith("ing"):
+        w = w[:-3]
+    elif (len(w) > 4 and w.endswith("ed")) or (
+        len(w) > 4 and w.endswith(("ses", "xes", "ches", "shes"))
+    ):
+        w = w[:-2]
+    elif len(w) > 3 and w.endswith("s") and not w.endswith("ss"):
+        w = w[:-1]
+    if len(w) > 3 and w[-1] == w[-2] and w[-1] not in "aeiouls":
+        w = w[:-1]  # capped -> capp -> cap
+    return w
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _parts(token: str) -> tuple[str, ...]:
+    """Content words of a token: `retry_ceiling` -> retry, ceiling; `maxRetries` -> max, retries."""
+    if token.isalpha() and token.islower():
+        return () if token in _STOP or len(token) < 2 else (_stem(token),)
+    words = [_stem(w) for w in _CAMEL_RE.findall(token) if w.isalpha() and w.lower() not in _STOP]
+    if _LETTER_DIGIT_RE.fullmatch(token):
+        words.append(token.lower())  # `p99`, `ec2`, `utf8` name what they are
+    return tuple(w for w in words if len(w) > 1)
+
+
+def _decimal(text: str) -> Decimal | None:
+    try:
+        return Decimal(text.replace(",", ""))
+    except InvalidOperation:
+        return None
+
+
+def _plain(d: Decimal) -> str:
+    """`1000`, `1e3` and `1,000.0` all print as `1000`; `0.25` stays `0.25`."""
+    try:
+        if d == d.to_integral_value():
+            return str(d.quantize(Decimal(1)))
+        return format(d.normalize(), "f")
+    except InvalidOperation:  # more digits than the context's precision: keep them as written
+        return str(d)
+
+
+def _number(digits: str, unit: str | None) -> tuple[str, str]:
+    """(value with its unit folded to the base unit, the bare number as written, normalised)."""
+    if "/" in digits:
+        a, _, b = digits.partition("/")
+        bare = f"{_plain(_decimal(a) or Decimal(0))}/{_plain(_decimal(b) or Decimal(0))}"
+        return bare, bare
+    d = _decimal(digits)
+    if d is None:
+        return digits, digits
+    bare = _plain(d)
+    if not unit:
+        return bare, bare
+    folded = _UNITS.get(unit if unit in ("%",) else unit.lower())
+    if unit in ("M",):
+        folded = ("", Decimal(1000000))
+    if folded is None:
+        return f"{bare} {unit.lower()}", bare
+    base, factor = folded
+    value = _plain(d * factor)
+    return (f"{value} {base}", bare) if base else (value, value)
+
+
+def _date(text: str) -> str:
+    if text[:4].isdigit():
+        return text[:10]
+    m = re.match(r"(?:(\d{1,2})\s)?([A-Za-z]+)\.?\s?(\d{1,2})?\D*(\d{4})", text)
+    if not m:
+        return text
+    day = m.group(1) or m.group(3) or "0"
+    return f"{m.group(4)}-{_MONTHS.get(m.group(2)[:3].lower(), 0):02d}-{int(day):02d}"
+
+
+def _path(text: str) -> str:
+    return re.sub(r":\d+(?::\d+)?$", "", text.rstrip(".,"))
+
+
+def _url(text: str) -> str:
+    return text.rstrip(".,;:!?").rstrip("/")
+
+
+def _quote_value(inner: str) -> str:
+    return " ".join(_WORDS_RE.findall(inner.lower()))
+
+
+def _idiom(raw: str) -> bool:
+    """`end-to-end`, `belt-and-suspenders`: hyphenated English, not an identifier."""
+    return raw.islower() and any(part in _STOP for part in raw.split("-"))
+
+
+def _assigned(text: str, start: int) -> bool:
+    """Whether the number at `start` is written as `key: value` or `key = value`."""
+    i = start - 1
+    while i >= 0 and text[i] in " \t\"'":
+        i -= 1
+    if i < 1 or text[i] not in ":=":
+        return False
+    i -= 1
+    while i >= 0 and text[i] in " \t\"':":
+        i -= 1
+    return i >= 0 and (text[i].isalnum() or text[i] == "_")
+
+
+def _context(segment: str) -> list[tuple[str, str]]:
+    """(stem, token as written) of every content word of `segment`."""
+    return [(w, tok) for tok in _CONTEXT_RE.findall(segment) for w in _parts(tok)]
+
+
+def _is_marker(text: str, start: int, end: int) -> bool:
+    """A list marker (`1.` or `2)` starting a line, `(3)`): the summarizer's numbering, no fact."""
+    after = text[end : end + 2]
+    if start > 0 and text[start - 1] == "(" and after[:1] == ")":
+        return True
+    if after[:1] == "\u2192":  # `  42→code`: the line-number gutter of a file read
+        return True
+    if after[:1] not in (".", ")") or after[1:2] not in ("", " ", "\t", "\n"):
+        return False
+    line = text[text.rfind("\n", 0, start) + 1 : start]
+    return line.strip(" \t#*-") == ""
+
+
+def _scan(text: str) -> Iterator[Fact]:
+    """Every fact of `text`, left to right.
+
+    Plain words (the bulk of any text) are skipped by a cheap test on whitespace-separated
+    chunks; the fact expression runs only where a chunk has digits, slashes, underscores,
+    inner capitals or punctuation. A number's context is read afterwards from the words around
+    it, never across a line or sentence break or past a neighbouring number.
+    """
+    numbers: list[tuple[int, int, str, str, str]] = []  # start, end, as written, value, bare
+    skip_until = 0
+    finditer = _FACT_RE.finditer
+    size = len(text)
+    for chunk in _CHUNK_RE.finditer(text):
+        start, end = chunk.span()
+        if start < skip_until:
+            continue
+        raw_chunk = chunk.group()
+        core = raw_chunk.strip(_PUNCT)
+        if core.isalpha() and (core.islower() or core[1:].islower()):
+            low = core.lower()
+            if low in _WORD_NUMBERS:
+                at = start + raw_chunk.find(core)
+                value = str(_WORD_NUMBERS[low])
+                numbers.append((at, at + len(core), core, value, value))
+                continue
+            if low[:3] not in _MONTHS or len(low) < 3:
+                continue
+        pos = end
+        for m in finditer(text, start, min(size, end + _SPILL)):
+            if m.start() >= end:
+                break
+            pos = m.end()
+            group = m.lastgroup
+            raw = m.group()
+            if group == "other" or group == "word":
+                continue
+            if group == "number":
+                if _is_marker(text, m.start(), m.end()):
+                    continue
+                spaced = m.group("spaced")
+                glued = m.group("glued")
+                unit = "%" if raw.endswith("%") else (spaced or glued)
+                digits = raw[: len(raw) - len(spaced) - 1] if spaced else raw
+                digits = digits[: len(digits) - len(glued)] if glued else digits.rstrip(" %")
+                value, bare = _number(digits, unit)
+                numbers.append((m.start(), m.end(), raw, value, bare))
+                continue
+            if group == "path":
+                value = _path(raw)
+                if value.strip("./~") == "":
+                    continue
+            elif group == "url":
+                value = _url(raw)
+            elif group == "date":
+                value = _date(raw)
+            elif group == "version":
+                value = raw.removeprefix("v")
+            elif group == "uuid" or group == "hash":
+                value = raw.lower()
+            elif group == "identifier" and "-" in raw[1:] and _idiom(raw):
+                continue
+            else:
+                value = raw
+            assert group is not None
+            yield Fact(group, value, text=raw, start=m.start(), end=m.end())
+        skip_until = max(pos, end)
+    yield from _numbers(text, numbers)
+
+
+def _implied_unit(
+    value: str, before: list[tuple[str, str]], after: list[tuple[str, str]], following: str
+) -> str:
+    """A unitless number's unit when its words give it: `timeout_seconds: 30` is 30 s,
+    `5  # seconds` is 5 s, `600 requests per minute` is 10 /s."""
+    d = _decimal(value)
+    if d is None:
+        return value
+    rate = _RATE_RE.match(following)
+    if rate:
+        base, factor = _UNITS[rate.group(1).lower()]
+        return f"{_plain(d / factor)} /{base}"
+    unit = (
+        before[-1][0]
+        if before and before[-1][0] in _KEY_UNITS
+        else after[0][0]
+        if after and after[0][0] in _KEY_UNITS
+        else None
+    )
+    if unit is None:
+        return value
+    base, factor = _KEY_UNITS[unit]
+    return f"{_plain(d * factor)} {base}"
+
+
+def _numbers(text: str, numbers: list[tuple[int, int, str, str, str]]) -> Iterator[Fact]:
+    """The numbers of `text` as facts, each with the content words around it."""
+    prev_end, prev_before, prev_unit = 0, list[tuple[str, str]](), ""
+    for i, (start, end, raw, value, bare) in enumerate(numbers):
+        lo = max(prev_end, start - _WINDOW)
+        segment = text[lo:start]
+        cut = _LAST_BREAK_RE.search(segment)
+        before = _context(segment[cut.end() :] if cut else segment)[-_BEFORE:]
+        unit = value.partition(" ")[2]
+        same = unit == prev_unit or not unit or not prev_unit
+        if not before and same and text[prev_end:start] in _RANGE_JOINS:
+            before = (
+                prev_before  # `lines 174-185`, `5min, 30min, 1h`: a range or list shares context
+            )
+        hi = numbers[i + 1][0] if i + 1 < len(numbers) else len(text)
+        segment = text[end : min(hi, end + _WINDOW)]
+        cut = _BREAK_RE.search(segment)
+        after = _context(segment[: cut.start()] if cut else segment)
+        prev_end, prev_before, prev_unit = end, before, unit
+        context = frozenset([w for w, _ in before] + [w for w, _ in after[:_AFTER]])
+        if not context and value == bare:
+            continue  # a number with no word and no unit cannot be checked: "5" grounds nothing
+        if value == bare:
+            value = _implied_unit(value, before, after, segment)
+        yield Fact(
+            "number",
+            value,
+            context,
+            key=" ".join(dict.fromkeys(tok for _, tok in before[-3:])),
+            text=raw,
+            start=start,
+            end=end,
+            assigned=_assigned(text, start),
+            bare=bare,
+        )
+
+
+def _quotes(text: str) -> Iterator[Fact]:
+    for m in _QUOTE_RE.finditer(text):
+        inner = next(g for g in m.groups() if g is not None)
+        # an elision ("... [full plan] ...") splits a quote into the parts actually quoted
+        for part in _ELISION_RE.split(inner):
+            value = _quote_value(part)
+            if " " in value:  # a single word is checked as what it is (identifier, number, …)
+                yield Fact("quote", value, text=m.group(), start=m.start(), end=m.end())
+
+
+def extract(text: str) -> tuple[Fact, ...]:
+    """The checkable facts of `text`, in order of appearance (each distinct fact once)."""
+    facts = sorted((*_scan(text), *_quotes(text)), key=lambda f: f.start)
+    return tuple(dict.fromkeys(facts))
+
+
+class FactIndex:
+    """The facts of a set of sources, indexed once so a summary can be checked in linear time.
+
+    Numbers are indexed by (value, context word); everything else by its normalised value; every
+    token and word pair of a source's text is indexed too, so an identifier or quote the
+    extractor classified differently in the source (a name inside a path) is still found.
+    Sources are never forgotten here: which of them are live is asked at check time, and a fact
+    found only in dead sources is unverifiable, not ungrounded.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # a check may run while another thread records a source
+        self._keys: dict[str, set[str]] = {}
+        self._assigned: dict[str, list[Fact]] = {}
+        self._texts: set[str] = set()
+        self._norm: dict[str, str] = {}  # each source's words, lowercased, one space apart
+
+    def __contains__(self, source_id: object) -> bool:
+        return source_id in self._texts
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    def _put(self, key: str, source_id: str) -> None:
+        ids = self._keys.get(key)
+        if ids is None:
+            self._keys[key] = {source_id}
+        else:
+            ids.add(source_id)
+
+    def add(self, source_id: str, text: str) -> None:
+        """Index the facts, tokens and word pairs of one source's text."""
+        if not isinstance(source_id, str) or not isinstance(text, str):
+            msg = (
+                f"source id and text must be str: {type(source_id).__name__}, {type(text).__name__}"
+            )
+            raise TypeError(msg)
+        with self._lock:
+            self._add(source_id, text)
+
+    def _add(self, source_id: str, text: str) -> None:
+        if source_id in self._texts:
+            return
+        self._texts.add(source_id)
+        put = self._put
+        for token in set(_TOKEN_RE.findall(text)):
+            put("t" + token, source_id)
+            if "." in token:
+                put("t" + token.rsplit(".", 1)[0], source_id)
+        words = _WORDS_RE.findall(text)
+        for w in set(words):
+            put("t" + w, source_id)
+        self._norm[source_id] = " " + " ".join(words).lower() + " "
+        assigned = []
+        for fact in _scan(text):
+            self._add_fact(fact, (source_id,))
+            if (fact.kind == "number" and fact.assigned) or fact.kind in _KEY_KINDS:
+                assigned.append(fact)
+        if assigned:
+            self._assigned[source_id] = assigned
+
+    def add_facts(self, facts: Iterable[tuple[Fact, Collection[str]]]) -> None:
+        """Index facts whose sources are already known (the provenance of an earlier summary)."""
+        with self._lock:
+            self._add_facts(facts)
+
+    def _add_facts(self, facts: Iterable[tuple[Fact, Collection[str]]]) -> None:
+        for fact, ids in facts:
+            self._add_fact(fact, ids)
+
+    def _add_fact(self, fact: Fact, ids: Collection[str]) -> None:
+        keys: list[str]
+        if fact.kind == "number":
+            keys = ["n" + fact.value + "\0" + w for w in fact.context]
+            if fact.bare and fact.bare != fact.value:  # stated with a unit
+                keys += ["b" + fact.bare + "\0" + w for w in fact.context]
+                keys.append("v" + fact.value)
+        elif fact.kind == "path":
+            # every run of consecutive components, so `lib/x.ts` and `apps/web` are found in
+            # `/home/dev/apps/web/lib/x.ts` with one lookup
+            parts = _components(fact.value)[-_PATH_DEPTH:]
+            n = len(parts)
+            keys = ["p" + "/".join(parts[i:j]) for i in range(n) for j in range(i + 1, n + 1)]
+        else:
+            keys = [fact.kind[0] + ":" + fact.value, "t" + fact.value]
+            if fact.kind == "hash":  # an abbreviated hash is a prefix of the full one
+                keys += ["h:" + fact.value[:n] for n in range(7, len(fact.value))]
+        for key in keys:
+            for sid in ids:
+                self._put(key, sid)
+
+    def sources_of(self, fact: Fact) -> frozenset[str]:
+        """Ids of the indexed sources that state `fact` (live or not)."""
+        get = self._keys.get
+        found: set[str] = set()
+        if fact.kind == "number":
+            if not fact.context:  # `95 seconds` on its own: found by value and unit
+                return frozenset(get("v" + fact.value, ()))
+            for w in fact.context:
+                found.update(get("n" + fact.value + "\0" + w, ()))
+            if not found and fact.bare == fact.value:
+                # `timeout 30` is stated by `timeout: 30s` (the summary left the unit out); a
+                # unit the source does not give (`30s` for `timeout: 30`) or a swapped one (`5s`
+                # for `5ms`) is stated by nothing
+                for w in fact.context:
+                    found.update(get("b" + fact.bare + "\0" + w, ()))
+            if not found and fact.value != fact.bare and _specific(fact.bare):
+                # `48.2s` is specific enough to be found by value and unit alone
+                found.update(get("v" + fact.value, ()))
+            return frozenset(found)
+        if fact.kind == "path":
+            parts = _components(fact.value)[-_PATH_DEPTH:]
+            return frozenset(get("p" + "/".join(parts), ()))
+        if fact.kind == "quote":
+            # verbatim up to case, spacing and punctuation, in one source; quotes are few, so
+            # looking through the sources' words (kept normalised) costs less than indexing them
+            needle = " " + fact.value + " "
+            found.update(get("q:" + fact.value, ()))
+            found.update(sid for sid, words in self._norm.items() if needle in words)
+            return frozenset(found)
+        found.update(get(fact.kind[0] + ":" + fact.value, ()))
+        found.update(get("t" + fact.value, ()))
+        return frozenset(found)
+
+    def assigned_facts(self, source_ids: Iterable[str]) -> Iterator[tuple[Fact, str]]:
+        """The `key: value` numbers of these sources: the facts a summary should not drop."""
+        for sid in source_ids:
+            for fact in self._assigned.get(sid, ()):
+                yield fact, sid
+
+
+def _specific(digits: str) -> bool:
+    """Whether a number has at least three significant digits (`48.2`, `1500`, not `5`, `100`)."""
+    return len(digits.replace(".", "").replace("-", "").strip("0")) >= 3
+
+
+def _components(path: str) -> list[str]:
+    return [p for p in path.split("/") if p not in ("", ".", "~")]
+
+
+@dataclass(frozen=True)
+class Grounding:
+    """What a check found: each fact of the output and the sources it rests on.
+
+    `grounded` facts have a live source; `unverifiable` ones are stated only by dead sources (or
+    by an earlier summary whose sources are dead); `ungrounded` ones by nothing the guard knows;
+    `dropped` are `key: value` facts (or pinned facts) of the live sources the output lost.
+    """
+
+    facts: tuple[Fact, ...]
+    sources: Mapping[Fact, frozenset[str]]  # live source ids per grounded fact
+    unverifiable: tuple[Fact, ...]
+    ungrounded: tuple[Fact, ...]
+    dropped: tuple[Fact, ...]
+    key_facts: int  # how many key facts the sources had (the denominator of the dropped ratio)
+    dead: Mapping[Fact, frozenset[str]] = field(default_factory=dict)
+
+    @property
+    def grounded(self) -> tuple[Fact, ...]:
+        return tuple(f for f in self.facts if f in self.sources)
+
+    def provenance(self) -> tuple[tuple[Fact, frozenset[str]], ...]:
+        """Each fact with every source it rests on, live or dead, to record with the summary."""
+        out = []
+        for f in self.facts:
+            ids = self.sources.get(f, frozenset()) | self.dead.get(f, frozenset())
+            out.append((f, ids))
+        return tuple(out)
+
+    def counts(self) -> dict[str, int]:
+        return dict(Counter(f.kind for f in self.facts))
+
+    def summary(self) -> dict[str, Any]:
+        """The `summary` activation: counts, kinds and ratios, never a fact's text."""
+        n = len(self.facts)
+
+        def kinds(facts: Iterable[Fact]) -> list[str]:
+            seen = {f.kind for f in facts}
+            return [k for k in KINDS if k in seen]
+
+        def by_kind(facts: Iterable[Fact]) -> dict[str, int]:
+            c = Counter(f.kind for f in facts)
+            return {k: c[k] for k in KINDS}
+
+        grounded = len(self.sources)
+        return {
+            "facts": n,
+            "grounded": grounded,
+            "ungrounded": len(self.ungrounded),
+            "unverifiable": len(self.unverifiable),
+            "dropped": len(self.dropped),
+            "key_facts": self.key_facts,
+            "kinds": kinds(self.facts),
+            "ungrounded_kinds": kinds(self.ungrounded),
+            "unverifiable_kinds": kinds(self.unverifiable),
+            "dropped_kinds": kinds(self.dropped),
+            "counts": by_kind(self.facts),
+            "ungrounded_counts": by_kind(self.ungrounded),
+            "unverifiable_counts": by_kind(self.unverifiable),
+            "dropped_counts": by_kind(self.dropped),
+            "grounded_ratio": grounded / n if n else 1.0,
+            "ungrounded_ratio": len(self.ungrounded) / n if n else 0.0,
+            "dropped_ratio": len(self.dropped) / self.key_facts if self.key_facts else 0.0,
+        }
+
+    def describe(self, limit: int = 5) -> str:
+        """The ungrounded, unverifiable and dropped facts as one line, for an error message."""
+        parts = []
+        for label, facts in (
+            ("ungrounded", self.ungrounded),
+            ("unverifiable", self.unverifiable),
+            ("dropped", self.dropped),
+        ):
+            if facts:
+                shown = "; ".join(f"{f.kind} {str(f)!r}" for f in facts[:limit])
+                more = f" (+{len(facts) - limit} more)" if len(facts) > limit else ""
+                parts.append(f"{label}: {shown}{more}")
+        return ", ".join(parts) or "every fact grounded"
+
+
+def check(
+    output: str,
+    index: FactIndex,
+    live: Collection[str] | None = None,
+    *,
+    carried: FactIndex | None = None,
+    pinned: Iterable[str] = (),
+) -> Grounding:
+    """Map every fact of `output` to the live sources of `index` that state it.
+
+    `live`: the source ids the store can still give back (None: every indexed source).
+    `carried`: the recorded provenance of the summaries in the input; a fact of the output that
+    only an earlier summary stated inherits that summary's sources for it.
+    `pinned`: texts whose facts the output must keep (reported as dropped when it does not).
+    """
+    if not isinstance(output, str):
+        msg = f"output must be str, got {type(output).__name__}"
+        raise TypeError(msg)
+    facts = extract(output)
+    with index._lock:
+        return _check(facts, index, live, carried, pinned)
+
+
+def _check(
+    facts: tuple[Fact, ...],
+    index: FactIndex,
+    live: Collection[str] | None,
+    carried: FactIndex | None,
+    pinned: Iterable[str],
+) -> Grounding:
+    is_live = (lambda _sid: True) if live is None else live.__contains__
+    sources: dict[Fact, frozenset[str]] = {}
+    dead: dict[Fact, frozenset[str]] = {}
+    unverifiable: list[Fact] = []
+    ungrounded: list[Fact] = []
+    for fact in facts:
+        ids = index.sources_of(fact)
+        if carried is not None:
+            ids = ids | carried.sources_of(fact)
+        alive = frozenset(s for s in ids if is_live(s))
+        if alive:
+            sources[fact] = alive
+        elif ids:
+            dead[fact] = ids
+            unverifiable.append(fact)
+        else:
+            ungrounded.append(fact)
+    live_ids = list(index._texts) if live is None else [s for s in live if s in index]
+    key_facts = [f for f, _ in index.assigned_facts(live_ids)]
+    for text in pinned:
+        key_facts.extend(extract(text))
+    kept = _Carried(facts)
+    dropped = tuple(dict.fromkeys(f for f in key_facts if f not in kept))
+    return Grounding(
+        facts=facts,
+        sources=sources,
+        unverifiable=tuple(unverifiable),
+        ungrounded=tuple(ungrounded),
+        dropped=dropped,
+        key_facts=len(set(key_facts)),
+        dead=dead,
+    )
+
+
+class _Carried:
+    """The facts of an output, looked up by value: which key facts of the sources it kept."""
+
+    def __init__(self, facts: Iterable[Fact]) -> None:
+        self.numbers: dict[str, set[str]] = {}
+        self.values: set[tuple[str, str]] = set()
+        self.hashes: list[str] = []
+        for f in facts:
+            if f.kind == "number":
+                self.numbers.setdefault(f.value, set()).update(f.context)
+                if f.bare != f.value or f.context:
+                    self.numbers.setdefault("#" + f.bare, set()).update(f.context)
+            elif f.kind == "path":
+                parts = _components(f.value)
+                self.values.update(("path", "/".join(parts[i:])) for i in range(len(parts)))
+            elif f.kind == "hash":
+                self.hashes.append(f.value)
+            else:
+                self.values.add((f.kind, f.value))
+
+    def __contains__(self, fact: Fact) -> bool:
+        if fact.kind == "number":
+            empty: set[str] = set()
+            words = self.numbers.get(fact.value, empty) | self.numbers.get("#" + fact.bare, empty)
+            if fact.value in self.numbers and not (fact.context and words):
+                return True  # a number with a unit and no words: kept by value and unit
+            return not words.isdisjoint(fact.context)
+        if fact.kind == "hash":
+            return any(fact.value.startswith(h) or h.startswith(fact.value) for h in self.hashes)
+        if fact.kind == "path":
+            return ("path", "/".join(_components(fact.value))) in self.values
+        return (fact.kind, fact.value) in self.values
+
+
+def cite(output: str, grounding: Grounding, limit: int = 3) -> str:
+    """`output` with the live sources of each grounded fact after it: `ceiling 7 [cfg-42]`."""
+    marks: dict[int, list[str]] = {}
+    for fact in grounding.facts:
+        ids = grounding.sources.get(fact)
+        if not ids:
+            continue
+        shown = sorted(ids)[:limit]
+        refs = ", ".join(shown) + (f", +{len(ids) - limit}" if len(ids) > limit else "")
+        if fact.end and output[fact.start : fact.end] == fact.text:
+            marks.setdefault(fact.end, []).append(refs)
+    pieces = []
+    last = 0
+    for end in sorted(marks):
+        pieces.append(output[last:end])
+        pieces.append(" [" + "; ".join(dict.fromkeys(marks[end])) + "]")
+        last = end
+    pieces.append(output[last:])
+    return "".join(pieces)

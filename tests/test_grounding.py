@@ -1,0 +1,474 @@
+"""Grounding: the fact extractor, the matcher, and its accuracy on hand-written and real summaries."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from policyhook.grounding import KINDS, Fact, FactIndex, Grounding, check, cite, extract
+
+FIXTURES = Path(__file__).parent / "fixtures" / "grounding"
+CORRUPTIONS = ("changed", "unit", "id", "invented", "dropped")
+
+
+def facts(text: str, kind: str | None = None) -> list[Fact]:
+    return [f for f in extract(text) if kind is None or f.kind == kind]
+
+
+def values(text: str, kind: str) -> list[str]:
+    return [f.value for f in facts(text, kind)]
+
+
+def index(**sources: str) -> FactIndex:
+    idx = FactIndex()
+    for sid, text in sources.items():
+        idx.add(sid, text)
+    return idx
+
+
+class TestExtract:
+    def test_number_carries_its_key(self) -> None:
+        """`retry_ceiling: 7` is the number 7 with the context words retry and ceiling."""
+        (n,) = facts("retry_ceiling: 7", "number")
+        assert n.value == "7"
+        assert {"retry", "ceil"} <= n.context
+        assert n.assigned
+
+    def test_number_carries_words_after_it(self) -> None:
+        """`7 retries` puts the word after the number in its context."""
+        (n,) = facts("7 retries", "number")
+        assert n.value == "7" and "retry" in n.context
+
+    @pytest.mark.parametrize(
+        ("text", "value"),
+        [
+            ("items: 1,000", "1000"),
+            ("items: 1e3", "1000"),
+            ("items: 1000.0", "1000"),
+            ("items: seven", "7"),
+            ("items: 1k", "1000"),
+            ("ratio: 0.25", "0.25"),
+            ("timeout: 5s", "5 s"),
+            ("timeout: 5 seconds", "5 s"),
+            ("timeout: 5000ms", "5 s"),
+            ("timeout: 2 minutes", "120 s"),
+            ("size: 2 MB", "2000000 B"),
+            ("rollout: 25%", "25 %"),
+            ("timeout_seconds: 30", "30 s"),
+            ("limit: 600 requests per minute", "10 /s"),
+            ("throughput: 2,300 req/s", "2300 /s"),
+        ],
+    )
+    def test_numbers_are_normalised(self, text: str, value: str) -> None:
+        """Numbers written differently compare equal: separators, exponents, words, units."""
+        assert values(text, "number") == [value]
+
+    def test_bare_number_is_no_fact(self) -> None:
+        """A number with no word and no unit beside it cannot be checked, so it is not reported."""
+        assert facts("5", "number") == []
+        assert facts("x = (5)", "number") == []
+
+    def test_list_markers_are_not_numbers(self) -> None:
+        """The summarizer's own numbering (`1.` at a line start, `(2)`) is no fact."""
+        text = "1. Primary request\n   2) Files\n(3) more\n## 4. Pending"
+        assert facts(text, "number") == []
+
+    def test_range_end_shares_the_context_of_its_start(self) -> None:
+        """`lines 174-185` checks 185 as lines too."""
+        a, b = facts("replaced lines 174-185", "number")
+        assert "line" in a.context and "line" in b.context
+
+    def test_lists_of_same_unit_share_context(self) -> None:
+        """`retries at 0, 5min, 30min`: every member is a retry interval."""
+        ns = facts("Razorpay retries at 0, 5min, 30min, 1h", "number")
+        assert [n.value for n in ns] == ["0", "300 s", "1800 s", "3600 s"]
+        assert all("retry" in n.context for n in ns)
+
+    def test_a_number_ends_the_context_of_the_one_before(self) -> None:
+        """`retries 7, timeout 30s`: the timeout's words are not the retries'."""
+        a, b = facts("retries 7; timeout 30s", "number")
+        assert "timeout" not in a.context and "retry" not in b.context
+
+    @pytest.mark.parametrize(
+        ("text", "kind", "value"),
+        [
+            ("see https://example.com/a/b.", "url", "https://example.com/a/b"),
+            (
+                "id bf5915c6-75c2-4612-ab44-c094d5efe7ed",
+                "uuid",
+                "bf5915c6-75c2-4612-ab44-c094d5efe7ed",
+            ),
+            ("on 2026-02-18T03:44:33Z", "date", "2026-02-18"),
+            ("on March 14, 2025", "date", "2025-03-14"),
+            ("on 14 Mar 2025", "date", "2025-03-14"),
+            ("edit apps/web/lib/compile.ts:58", "path", "apps/web/lib/compile.ts"),
+            ("read /var/log/app.log", "path", "/var/log/app.log"),
+            ("open docs/REVIEW.md", "path", "docs/REVIEW.md"),
+            ("open README.md", "path", "README.md"),
+            ("release v2.4.1", "version", "2.4.1"),
+            ("commit 3e9f358", "hash", "3e9f358"),
+            ("ticket PROJ-1182", "ticket", "PROJ-1182"),
+            ("issue #543", "ticket", "#543"),
+            ("set retry_ceiling", "identifier", "retry_ceiling"),
+            ("call maxRetries", "identifier", "maxRetries"),
+            ("open FigureGallery", "identifier", "FigureGallery"),
+            ("run with --dry-run", "identifier", "--dry-run"),
+            ("name seccomp-latex-profile", "identifier", "seccomp-latex-profile"),
+            ("latency at p99", "identifier", "p99"),
+        ],
+    )
+    def test_self_identifying_facts(self, text: str, kind: str, value: str) -> None:
+        """Identifiers, paths, URLs, versions, dates, hashes, UUIDs and tickets are found."""
+        assert value in values(text, kind)
+
+    def test_words_are_not_identifiers(self) -> None:
+        """Plain words, hyphenated English and slash-joined words are no identifiers or paths."""
+        text = "A long-running, end-to-end and belt-and-suspenders approach; and/or cost-benefit."
+        assert [f for f in extract(text) if f.kind != "number"] == []
+
+    def test_quotes_split_at_elisions(self) -> None:
+        """A quote with `[...]` or `...` in it is checked as the parts actually quoted."""
+        qs = values('He said "fix the retry loop ... then ship [details elided] it today"', "quote")
+        assert qs == ["fix the retry loop", "then ship", "it today"]
+
+    def test_code_spans_are_quotes(self) -> None:
+        """A code span of several words is checked verbatim, like a quotation."""
+        assert values("ran `SELECT id FROM datasets`", "quote") == ["select id from datasets"]
+
+    def test_same_fact_twice_is_one_fact(self) -> None:
+        """Each distinct fact is reported once, at its first position."""
+        fs = facts("retry ceiling is 7. Again: retry ceiling is 7.")
+        assert len(fs) == 1 and fs[0].start == 17
+
+    @pytest.mark.parametrize(
+        "text",
+        [
+            "a" * 200_000,
+            "1" * 200_000,
+            "/" * 50_000 + "x",
+            "-" * 50_000,
+            "a-" * 50_000,
+            "a/" * 50_000,
+            "1." * 50_000,
+            "\ud800 retry_ceiling: 7 \udfff",
+            "",
+        ],
+    )
+    def test_hostile_input_is_read(self, text: str) -> None:
+        """Degenerate input (one long token, lone surrogates, empty) is read, never a crash."""
+        assert isinstance(extract(text), tuple)
+
+    def test_kinds_are_the_documented_ones(self) -> None:
+        """Every fact's kind is one of KINDS (what policies see in `summary.kinds`)."""
+        text = (
+            'retry_ceiling: 7, see https://x.io, v1.2.3 on 2025-01-02, 3e9f358 #12 "a b c" '
+            "/etc/hosts bf5915c6-75c2-4612-ab44-c094d5efe7ed"
+        )
+        assert {f.kind for f in extract(text)} == set(KINDS)
+
+
+class TestCheck:
+    CONFIG = "# config/agent.yaml\nretry_ceiling: 7\nbackoff_seconds: 2\n"
+    TURN = "The deploy step keeps timing out. Keep retrying it, but respect config/agent.yaml."
+
+    def seed(self) -> FactIndex:
+        return index(**{"cfg-42": self.CONFIG, "turn-1": self.TURN})
+
+    def test_seed_pass_1_is_grounded(self) -> None:
+        """Pass 1 of the seed ("retry ceiling is 7 (from config)") rests on cfg-42."""
+        g = check("Retry ceiling is 7 (from config/agent.yaml).", self.seed())
+        assert g.ungrounded == () and g.unverifiable == ()
+        (seven,) = [f for f in g.facts if f.kind == "number"]
+        assert g.sources[seven] == {"cfg-42"}
+
+    def test_seed_pass_2_drops_the_ceiling(self) -> None:
+        """Pass 2 ("retries are capped") loses the number: reported as dropped, not ungrounded."""
+        g = check("Retries are capped.", self.seed())
+        assert g.ungrounded == ()
+        assert [(f.kind, f.value) for f in g.dropped] == [("number", "7"), ("number", "2 s")]
+
+    def test_seed_pass_3_confabulation_is_ungrounded(self) -> None:
+        """Pass 3's "retries capped at 5" is checked as (retries, 5): no source says it."""
+        g = check("Retries capped at 5.", self.seed())
+        assert [(f.kind, f.value) for f in g.ungrounded] == [("number", "5")]
+        assert "number 'Retries capped 5'" in g.describe()
+
+    def test_a_bare_5_elsewhere_grounds_nothing(self) -> None:
+        """A 5 in a long history, next to other words, does not ground "retries capped at 5"."""
+        idx = self.seed()
+        idx.add("tool-3", "Build finished in 5 steps; 5 files changed; port 5 open.")
+        g = check("Retries capped at 5.", idx)
+        assert len(g.ungrounded) == 1
+
+    def test_the_same_number_next_to_the_same_words_grounds(self) -> None:
+        """A source stating 5 of retries grounds it, whichever words say so."""
+        idx = self.seed()
+        idx.add("tool-3", "max_retries = 5")
+        g = check("Retries capped at 5.", idx)
+        assert g.ungrounded == () and set(g.sources.values()) == {frozenset({"tool-3"})}
+
+    def test_swapped_unit_is_ungrounded(self) -> None:
+        """`5ms` where the source says `5s` is a different fact."""
+        idx = index(cfg="timeout: 5s")
+        assert check("timeout 5ms", idx).ungrounded
+        assert check("timeout 5000ms", idx).ungrounded == ()
+        assert check("timeout 5", idx).ungrounded == ()  # leaving the unit out is no claim
+
+    def test_invented_unit_is_ungrounded(self) -> None:
+        """`30s` where the source says a unitless 30 claims a unit no source gives."""
+        assert check("timeout 30s", index(cfg="timeout: 30")).ungrounded
+
+    def test_mistyped_identifier_and_path(self) -> None:
+        """Identifiers and paths are checked verbatim (after normalisation)."""
+        idx = index(src="def retry_ceiling(): ...\nopen('/srv/app/config/agent.yaml')")
+        assert check("retry_ceiling in config/agent.yaml", idx).ungrounded == ()
+        g = check("retry_celing in config/agents.yaml", idx)
+        assert {f.kind for f in g.ungrounded} == {"identifier", "path"}
+
+    def test_abbreviated_hash_is_grounded(self) -> None:
+        """A 7-character hash is grounded by the full hash it abbreviates, not by a neighbour."""
+        idx = index(log="commit 9fceb02d0ae598e95dc970b74767f19372d61af8")
+        assert check("commit 9fceb02", idx).ungrounded == ()
+        assert check("commit 9fceb20", idx).ungrounded
+
+    def test_dead_source_makes_a_fact_unverifiable(self) -> None:
+        """A fact only dead sources state is unverifiable, not grounded and not ungrounded."""
+        g = check("Retry ceiling is 7.", self.seed(), live={"turn-1"})
+        assert g.ungrounded == () and [f.value for f in g.unverifiable] == ["7"]
+        assert g.dead[g.unverifiable[0]] == {"cfg-42"}
+        assert g.summary()["unverifiable"] == 1
+
+    def test_provenance_carries_across_passes(self) -> None:
+        """A fact of pass 2 that only pass 1 stated inherits pass 1's sources for it."""
+        sources = self.seed()
+        first = check("Retry ceiling is 7 (from config).", sources)
+        carried = FactIndex()
+        carried.add_facts(first.provenance())
+        empty = FactIndex()  # pass 2 sees no originals, only the summary
+        g = check("The retry ceiling stays 7.", empty, live={"cfg-42"}, carried=carried)
+        assert g.ungrounded == () and list(g.sources.values()) == [frozenset({"cfg-42"})]
+        dead = check("The retry ceiling stays 7.", empty, live=set(), carried=carried)
+        assert [f.value for f in dead.unverifiable] == ["7"]
+        invented = check("Retries capped at 5.", empty, live={"cfg-42"}, carried=carried)
+        assert invented.ungrounded
+
+    def test_pinned_facts_must_be_kept(self) -> None:
+        """A pinned fact the output lost is dropped."""
+        g = check("Deploys retry.", index(turn="deploy"), pinned=["retry_ceiling: 7"])
+        assert {f.value for f in g.dropped} >= {"7", "retry_ceiling"}
+
+    def test_summary_activation_has_counts_and_no_text(self) -> None:
+        """The `summary` activation is counts, kinds and ratios: no fact's text or value."""
+        g = check("Retries capped at 5; see config/agent.yaml.", self.seed())
+        s = g.summary()
+        assert s["facts"] == 2 and s["grounded"] == 1 and s["ungrounded"] == 1
+        assert s["ungrounded_kinds"] == ["number"] and s["kinds"] == ["number", "path"]
+        assert s["counts"]["number"] == 1 and s["ungrounded_counts"]["path"] == 0
+        assert s["grounded_ratio"] == 0.5 and s["ungrounded_ratio"] == 0.5
+        assert s["dropped"] == 2 and s["key_facts"] == 2 and s["dropped_ratio"] == 1.0
+        flat = json.dumps(s)
+        assert "agent.yaml" not in flat and "capped" not in flat and '"5"' not in flat
+
+    def test_empty_output(self) -> None:
+        """An output with no facts is fully grounded (ratio 1.0) and drops every key fact."""
+        s = check("", self.seed()).summary()
+        assert s["facts"] == 0 and s["grounded_ratio"] == 1.0 and s["ungrounded_ratio"] == 0.0
+
+    def test_bad_input_is_a_clear_error(self) -> None:
+        """Non-text input names what was wrong."""
+        with pytest.raises(TypeError, match="output must be str, got bytes"):
+            check(b"5", FactIndex())  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="source id and text must be str: str, NoneType"):
+            FactIndex().add("s", None)  # type: ignore[arg-type]
+
+    def test_threads_check_while_sources_are_added(self) -> None:
+        """Checks and additions from several threads never crash or lose a source."""
+        idx = self.seed()
+        errors: list[BaseException] = []
+
+        def add(n: int) -> None:
+            try:
+                for i in range(200):
+                    idx.add(f"s{n}-{i}", f"retry_ceiling: {i}\nworker_{n}_{i} done")
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        def run() -> None:
+            try:
+                for _ in range(200):
+                    check("Retry ceiling is 7; worker_1_5 done.", idx)
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=f, args=a) for f, a in ((add, (1,)), (add, (2,)))]
+        threads += [threading.Thread(target=run) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == [] and len(idx) == 402
+        assert check("worker_2_199 done", idx).ungrounded == ()
+
+
+class TestCite:
+    def test_renders_source_refs_after_grounded_facts(self) -> None:
+        """Citations go right after each grounded fact; ungrounded ones get none."""
+        idx = index(**{"cfg-42": "retry_ceiling: 7"})
+        text = "Retry ceiling 7, timeout 30s."
+        assert cite(text, check(text, idx)) == "Retry ceiling 7 [cfg-42], timeout 30s."
+
+    def test_many_sources_are_capped(self) -> None:
+        """At most `limit` ids are shown, then a count of the rest."""
+        idx = index(a="retry_ceiling: 7", b="retry ceiling 7", c="retries: 7", d="7 retries")
+        assert cite("7 retries", check("7 retries", idx), limit=2) == "7 [a, b, +2] retries"
+
+
+def load_corpus() -> list[dict[str, Any]]:
+    data = json.loads((FIXTURES / "corpus.json").read_text(encoding="utf-8"))
+    cases: list[dict[str, Any]] = data["cases"]
+    return cases
+
+
+def corpus_index(case: dict[str, Any]) -> FactIndex:
+    return index(**case["sources"])
+
+
+def flagged(kind: str, g: Grounding) -> bool:
+    return bool(g.dropped) if kind == "dropped" else bool(g.ungrounded)
+
+
+#: Corruptions the check misses, by design: a dropped fact that is no `key: value`, version,
+#: hash, UUID or ticket (a test count, a quoted budget) is not a key fact (docs/grounding.md).
+KNOWN_MISSES = {("test-results", "dropped"), ("quoted-instruction", "dropped")}
+
+
+class TestCorpus:
+    @pytest.mark.parametrize("case", load_corpus(), ids=lambda c: c["id"])
+    def test_faithful_summary_is_never_refused(self, case: dict[str, Any]) -> None:
+        """Every fact of a faithful summary is grounded: zero false refusals."""
+        g = check(case["faithful"], corpus_index(case))
+        assert g.ungrounded == (), g.describe()
+        assert g.unverifiable == ()
+
+    @pytest.mark.parametrize(
+        ("case", "kind"),
+        [(c, k) for c in load_corpus() for k in CORRUPTIONS],
+        ids=lambda v: v["id"] if isinstance(v, dict) else v,
+    )
+    def test_corruption_is_caught(self, case: dict[str, Any], kind: str) -> None:
+        """Changed numbers, swapped units, mistyped ids, invented and dropped facts are found."""
+        g = check(case["corrupted"][kind], corpus_index(case))
+        assert flagged(kind, g) == ((case["id"], kind) not in KNOWN_MISSES), g.describe()
+
+    def test_every_case_has_every_corruption(self) -> None:
+        """The corpus is complete: one corrupted summary per kind per case."""
+        for case in load_corpus():
+            assert set(case["corrupted"]) == set(CORRUPTIONS), case["id"]
+
+
+def _content(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    parts = []
+    for block in content if isinstance(content, list) else []:
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "text":
+            parts.append(str(block.get("text", "")))
+        elif block.get("type") == "tool_use":
+            parts.append(json.dumps(block.get("input", {}), sort_keys=True))
+        elif block.get("type") == "tool_result":
+            parts.append(_content(block.get("content")))
+    return "\n".join(parts)
+
+
+def real_session(name: str) -> tuple[FactIndex, str]:
+    """The history before the compaction boundary (one source per entry) and the summary."""
+    idx = FactIndex()
+    with gzip.open(FIXTURES / f"{name}.jsonl.gz", "rt", encoding="utf-8") as lines:
+        for line in lines:
+            entry = json.loads(line)
+            if entry.get("isCompactSummary"):
+                return idx, _content(entry["message"]["content"])
+            if entry.get("type") in ("user", "assistant") and not entry.get("isSidechain"):
+                text = _content(entry["message"].get("content"))
+                if text.strip():
+                    idx.add(entry["uuid"], text)
+    raise AssertionError(f"{name}: no compaction summary")
+
+
+#: Every finding on the real summaries, each explained in docs/grounding.md.
+REAL_FINDINGS = {
+    "apollo-23": {
+        ("number", "1443"): 1,  # A: the Read of Mitigation_plan.md has no tool_result on disk
+        ("number", "2.1"): 4,  # A
+        ("number", "2.2"): 2,  # A
+        ("number", "2.3"): 2,  # A
+        ("number", "2.4"): 2,  # A
+        ("number", "2.5"): 2,  # A
+        ("number", "2.6"): 2,  # A
+        ("number", "2.7"): 4,  # A
+        ("number", "2.8"): 2,  # A
+        ("number", "2.9"): 5,  # A
+        ("number", "9"): 2,  # A: "Phase 2 with 9 items"
+        ("quote", '"Infrastructure Foundation"'): 1,  # A
+        ("ticket", "I-4"): 1,  # A
+        ("path", "/Users/devs/.claude/plans/snazzy-frolicking-iverson.md"): 1,  # B
+        ("quote", "`/Users/devs/.claude/plans/snazzy-frolicking-iverson.md`"): 1,  # B
+        ("number", "2"): 1,  # C: "launched 2 explore agents", a count it made
+        ("number", "4.2"): 1,  # E: "§4.1-4.2" is stated only in a subagent's own transcript
+    },
+    "apollo-32": {
+        (
+            "path",
+            "/Users/devs/.claude/projects/-Users-devs-Downloads-Apollo/"
+            "d97ae08b-ea44-4fc7-90fa-e493a3e73a14.jsonl",
+        ): 1,  # B
+        ("number", "2"): 1,  # C: "Request 2"
+        ("number", "1"): 1,  # C: "My Response 1"
+        ("number", "3"): 5,  # C: "Message 3" (x3), "Request 3"; I: "at line 3"
+        ("number", "4"): 4,  # C: "all 4 questions", "Asked 4", "Clarify 4", "Section 4"
+        ("number", "1274"): 1,  # D: line-number gutter of the Read tool
+        ("number", "1452"): 2,  # D
+        ("number", "293"): 1,  # D
+        ("number", "700"): 2,  # D/E: "lines 1-700", "200-700"
+        ("number", "10.4"): 3,  # E: "items 10.1-10.4"
+        ("number", "8"): 3,  # E: "Phases 1-8"
+        ("number", "3s"): 1,  # F: `AbortSignal.timeout(3000)` told as "3s"
+        (
+            "quote",
+            '"realign to the Review, Discussion, Mitigation_plan, Mitigation_implementation.md'
+            " files in /docs/ and check all the changes made in phase 10 for consistency,"
+            " correctness, errors, logical fallacies, redundancies and other logic issues. Think"
+            ' ultra hard"',
+        ): 1,  # G: the user wrote "Review ,Deiscussion"
+        ("quote", '`overallStatus: "degraded"`'): 1,  # G
+        ("path", "fork/clone/execve"): 1,  # H: slash-joined words read as a path
+    },
+}
+
+
+class TestRealSummaries:
+    @pytest.mark.parametrize("name", sorted(REAL_FINDINGS))
+    def test_findings_are_exactly_the_explained_ones(self, name: str) -> None:
+        """Real Claude Code compaction summaries: every finding is one docs/grounding.md explains."""
+        idx, summary = real_session(name)
+        g = check(summary, idx)
+        found: dict[tuple[str, str], int] = {}
+        for f in g.ungrounded:
+            found[(f.kind, f.text)] = found.get((f.kind, f.text), 0) + 1
+        assert found == REAL_FINDINGS[name]
+        assert g.unverifiable == ()
+
+    @pytest.mark.parametrize("name", sorted(REAL_FINDINGS))
+    def test_most_facts_are_grounded(self, name: str) -> None:
+        """The summaries are faithful first passes: identifiers and URLs all rest on the history."""
+        idx, summary = real_session(name)
+        s = check(summary, idx).summary()
+        assert s["facts"] > 200 and s["grounded_ratio"] > 0.8
+        assert s["ungrounded_counts"]["identifier"] == 0 and s["ungrounded_counts"]["url"] == 0
