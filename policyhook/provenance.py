@@ -11,30 +11,20 @@ import hashlib
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-import ahocorasick_rs
-
 from policyhook import _shapes
+from policyhook._index import MIN_BYTES, Index
 
 if TYPE_CHECKING:
     from policyhook.stores import Store
 
-#: Texts shorter than this are recognised only as a whole input or a whole message, never inside a
-#: larger string: a short summary such as "OK" would otherwise match everywhere.
-MIN_EMBEDDED_CHARS = 16
-#: Known texts are found by this many leading characters, then confirmed in full.
-_ANCHOR_CHARS = 64
-#: Texts recorded since the automaton was built are searched one by one, up to this many.
-_PENDING = 16
-#: Inputs at least this long are searched with a DFA (built on demand) instead of an NFA.
-_LARGE_INPUT = 256 * 1024
-#: ... unless there are more anchors than this (a DFA takes ~14 KB per anchor).
-_DFA_MAX_ANCHORS = 512
-_DFA = ahocorasick_rs.Implementation.DFA
-_NFA = ahocorasick_rs.Implementation.ContiguousNFA
+#: Texts shorter than this (in UTF-8 bytes) are recognised only as a whole input or a whole
+#: message, never inside a larger string: a short summary such as "OK" would otherwise match
+#: everywhere.
+MIN_EMBEDDED_CHARS = MIN_BYTES
 #: Kind given to content the ledger did not recognise (it rests on no registered source).
 UNREGISTERED = "window"
 
@@ -94,6 +84,20 @@ class Entry:
     sources: tuple[str, ...] = ()
     source_kinds: tuple[str, ...] = ()
     window: str = ""
+
+    def merged(self, earlier: Entry | None) -> Entry:
+        """This summary entry recorded again over `earlier` (the same text): provenance only
+        grows (union of parents and sources, deepest depth), so no summary resting on the
+        earlier record can lose a source by it."""
+        if earlier is None or earlier.depth == 0:
+            return self
+        return replace(
+            self,
+            depth=max(self.depth, earlier.depth),
+            parents=tuple(sorted((set(self.parents) | set(earlier.parents)) - {self.id})),
+            sources=tuple(sorted(set(self.sources) | set(earlier.sources))),
+            source_kinds=tuple(sorted(set(self.source_kinds) | set(earlier.source_kinds))),
+        )
 
     @classmethod
     def of_source(cls, key: bytes, source: Source, text: str) -> Entry:
@@ -183,162 +187,6 @@ class Resolution:
     unregistered: tuple[tuple[str, str], ...] = ()  # (source id, text) of content no store holds
 
 
-class _Recognizer:
-    """Finds known texts inside an input in one linear pass (Aho-Corasick over short anchors).
-
-    A window's recognizer also finds the texts of the `shared` one (registered sources): one
-    automaton, one pass over the input for both. The automaton runs over UTF-8 bytes (several
-    times faster than over `str`). Texts recorded since it was built are searched with
-    `str.find` until there are `_PENDING` of them or the input is large, so a granted call does
-    not rebuild the automaton over every tracked text. Bounded: the least recently recorded
-    texts are forgotten first.
-    """
-
-    def __init__(self, capacity: int, shared: _Recognizer | None = None) -> None:
-        self.capacity = capacity
-        self.shared = shared
-        self._known: OrderedDict[str, Region] = OrderedDict()
-        self._automaton: ahocorasick_rs.BytesAhoCorasick | None = None
-        self._anchors: list[str] = []
-        self._by_anchor: dict[str, list[str]] = {}
-        self._pending: list[str] = []  # embeddable texts recorded since the last build
-        self._stale = False  # too many were recorded to keep them pending: rebuild
-        self._scans = 0  # searches since a text was last recorded
-        self._dfa = False
-        self._max_depth = 0  # deepest region known; -1 when it must be recomputed
-        self._log: list[str] = []  # recent embeddable texts, for recognizers sharing this one
-        self._log_start = 0  # how many texts were dropped from the front of `_log`
-        self._shared_seen = 0  # position in `shared`'s log when the automaton was built
-
-    def __len__(self) -> int:
-        return len(self._known)
-
-    def add(self, text: str, region: Region) -> None:
-        previous = self._known.get(text)
-        self._known[text] = region
-        self._known.move_to_end(text)
-        if previous is not None and previous.depth >= self._max_depth:
-            self._max_depth = -1  # the deepest may have been replaced: recomputed when asked
-        elif self._max_depth >= 0:
-            self._max_depth = max(self._max_depth, region.depth)
-        while len(self._known) > self.capacity:
-            _, forgotten = self._known.popitem(last=False)  # in the automaton until rebuilt
-            if forgotten.depth >= self._max_depth:
-                self._max_depth = -1
-        if previous is None and len(text) >= MIN_EMBEDDED_CHARS:
-            self._scans = 0
-            if len(self._pending) < _PENDING:
-                self._pending.append(text)
-            else:
-                self._pending, self._stale = [], True
-            self._log.append(text)
-            if len(self._log) > 2 * _PENDING:
-                del self._log[:_PENDING]
-                self._log_start += _PENDING
-
-    def exact(self, text: str) -> Region | None:
-        return self._known.get(text)
-
-    def max_depth(self) -> int:
-        if self._max_depth < 0:
-            self._max_depth = max((r.depth for r in self._known.values()), default=0)
-        return self._max_depth
-
-    def _shared_pending(self) -> list[str] | None:
-        """Shared texts recorded since the automaton was built; None if too many to search."""
-        shared = self.shared
-        if shared is None:
-            return []
-        seen, start = self._shared_seen, shared._log_start
-        if seen < start or start + len(shared._log) - seen > _PENDING:
-            return None
-        return shared._log[seen - start :]
-
-    def _region(self, known: str) -> Region | None:
-        region = self._known.get(known)
-        if region is None and self.shared is not None:
-            region = self.shared._known.get(known)
-        return region  # None: forgotten since the automaton was built
-
-    def find(self, text: str) -> Iterator[tuple[int, int, Region]]:
-        """Non-overlapping occurrences of known texts, leftmost first, longest on a tie."""
-        if len(text) < MIN_EMBEDDED_CHARS:
-            return
-        large = len(text) >= _LARGE_INPUT
-        extra = self._shared_pending()
-        if extra is None or self._stale:
-            self._rebuild(dfa=large)
-            extra = []
-        elif self._pending or extra:
-            self._scans += 1
-            # Fold recent texts in when there are many, when they have been searched a while
-            # with nothing new recorded (a quiet window), or when the input is large.
-            if len(self._pending) + len(extra) > _PENDING or self._scans > _PENDING or large:
-                self._rebuild(dfa=large)
-                extra = []
-        elif large and self._automaton is not None and not self._dfa:
-            self._rebuild(dfa=True)
-        hits: list[tuple[int, int, str]] = []
-        if self._automaton is not None:
-            data = text.encode("utf-8", "surrogatepass")
-            matches = self._automaton.find_matches_as_indexes(data, overlapping=True)
-            starts = [m[1] for m in matches]
-            if len(data) != len(text):  # not ASCII: byte offsets to character offsets
-                starts = _char_offsets(data, starts)
-            for (index, _, _), start in zip(matches, starts, strict=True):
-                for known in self._by_anchor[self._anchors[index]]:
-                    if text.startswith(known, start):
-                        hits.append((start, -len(known), known))
-        for known in (*self._pending, *extra):  # may hold a forgotten text: skipped below
-            start = text.find(known)
-            while start != -1:
-                hits.append((start, -len(known), known))
-                start = text.find(known, start + 1)
-        hits.sort()
-        cursor = 0
-        for start, negative_len, known in hits:
-            if start >= cursor:
-                region = self._region(known)
-                if region is not None:
-                    cursor = start - negative_len
-                    yield start, cursor, region
-
-    def _rebuild(self, dfa: bool = False) -> None:
-        texts = list(self._known)
-        if self.shared is not None:
-            texts += self.shared._known
-            self._shared_seen = self.shared._log_start + len(self.shared._log)
-        by_anchor: dict[str, list[str]] = {}
-        for known in texts:
-            if len(known) >= MIN_EMBEDDED_CHARS:
-                by_anchor.setdefault(known[:_ANCHOR_CHARS], []).append(known)
-        self._by_anchor = by_anchor
-        self._anchors = list(by_anchor)
-        self._automaton = (
-            ahocorasick_rs.BytesAhoCorasick(
-                [a.encode("utf-8", "surrogatepass") for a in self._anchors],
-                # A DFA searches up to twice as fast but costs ten times more to build and
-                # twenty times the memory: worth it only for large inputs.
-                implementation=_DFA if dfa and len(self._anchors) <= _DFA_MAX_ANCHORS else _NFA,
-            )
-            if self._anchors
-            else None
-        )
-        self._pending, self._stale, self._scans, self._dfa = [], False, 0, dfa
-
-
-def _char_offsets(data: bytes, starts: list[int]) -> list[int]:
-    """Character offsets of UTF-8 byte offsets (each at a character boundary), in one pass."""
-    result: list[int] = []
-    byte = char = 0
-    for start in sorted(set(starts)):
-        char += len(data[byte:start].decode("utf-8", "surrogatepass"))
-        byte = start
-        result.append(char)
-    where = dict(zip(sorted(set(starts)), result, strict=True))
-    return [where[s] for s in starts]
-
-
 def content_of(item: Any) -> str | None:
     """The text of a message-like item as the guard reads it (`policyhook._shapes`), or None
     when its shape cannot be read. For adapters that read known shapes; the guard itself reads
@@ -352,20 +200,44 @@ def content_of(item: Any) -> str | None:
 class Ledger:
     """Remembers sources and granted summaries, and tells what a call's input rests on.
 
-    Thread-safe. Recognition memory is bounded per window (`max_texts_per_window`) and in the
-    number of windows kept (`max_windows`, least recently used first out); the store keeps the
-    durable record, and a window forgotten here is reloaded from it on next use.
+    Thread-safe. Recognition is exact whatever is cached: the store knows every text (by keyed
+    digest, and by anchor for texts inside longer strings), and a miss here asks it. Memory holds
+    at most `max_texts` texts (their entries and anchors, least recently used out) and the
+    deepest summary of at most `max_windows` windows (idle ones out, reloaded in O(1)). Windows
+    scope `max_depth`, not recognition: a text recorded in any window is recognised in all.
+    `max_texts_per_window` is accepted for compatibility and ignored.
     """
 
     def __init__(
-        self, store: Store, *, max_texts_per_window: int = 1024, max_windows: int = 256
+        self,
+        store: Store,
+        *,
+        max_texts: int = 65_536,
+        max_windows: int = 4_096,
+        max_texts_per_window: int | None = None,
     ) -> None:
+        if max_texts < 1:
+            raise ValueError(f'"max_texts" must be >= 1: {max_texts}')
+        if max_windows < 1:
+            raise ValueError(f'"max_windows" must be >= 1: {max_windows}')
         self.store = store
-        self.max_texts_per_window = max_texts_per_window
+        self.max_texts = max_texts
         self.max_windows = max_windows
+        self._key = store.secret()
         self._lock = threading.RLock()
-        self._windows: OrderedDict[str, _Recognizer] = OrderedDict()
-        self._shared: _Recognizer | None = None
+        self._entries: OrderedDict[str, Entry] = OrderedDict()  # digest -> entry, LRU
+        self._summaries: dict[str, Entry] = {}  # summary id -> entry, for the cached ones
+        self._index = Index()
+        self._complete = True  # every text the store knows with an anchor is in `_index`
+        self._cursor = 0  # position in the store's `since` log
+        self._windows: OrderedDict[str, int] = OrderedDict()  # window -> deepest summary, LRU
+        # What recently resolved regions are made of, for normalised summaries:
+        # region id -> (summary ids it rests on, sources it rests on directly).
+        self._made_of: OrderedDict[str, tuple[tuple[str, ...], frozenset[str]]] = OrderedDict()
+
+    def text_id(self, prefix: str, text: str) -> str:
+        """An id for `text` keyed with the store's secret: the same in every process sharing it."""
+        return text_id(prefix, text, self._key)
 
     # -- recording ------------------------------------------------------------------------------
 
@@ -375,87 +247,208 @@ class Ledger:
             raise TypeError(f'"text" must be a str: {type(text).__name__}')
         if not kind:
             raise ValueError('"kind" must be a non-empty string, e.g. "config_read"')
-        source = Source(id=source_id or text_id(kind, text), kind=kind)
+        source = Source(id=source_id or self.text_id(kind, text), kind=kind)
         self.store.put_source(source, text)
-        region = Region(
-            id=source.id,
-            sources=frozenset({source.id}),
-            source_kinds=frozenset({kind}),
-            chars=len(text),
-        )
         with self._lock:
-            self._shared_recognizer().add(text, region)
+            self._learn(Entry.of_source(self._key, source, text), encode(text))
         return source
 
     def record_summary(self, text: str, summarized: Region, window: str) -> Region:
         """Remember a granted summary's output, so it is recognised when it comes back."""
-        region = summarized.summarized_as(text)
-        key, data = self.store.secret(), encode(text)
+        data = encode(text)
+        key = digest(self._key, data)
+        region = Region(
+            id=f"s:{key[:16]}",
+            depth=summarized.depth + 1,
+            sources=summarized.sources,
+            source_kinds=summarized.source_kinds,
+            chars=len(text),
+            text=text,
+        )
+        with self._lock:
+            parents, direct = self._made_of.get(summarized.id, ((), summarized.sources))
         entry = Entry(
-            digest=digest(key, data),
+            digest=key,
             id=region.id,
             depth=region.depth,
             size=len(data),
-            anchor=anchor_of(key, data),
-            sources=tuple(sorted(region.sources)),
+            anchor=anchor_of(self._key, data),
+            parents=parents,
+            sources=tuple(sorted(direct)),
             source_kinds=tuple(sorted(region.source_kinds)),
             window=window,
         )
-        self.store.put_summary(entry, text)
+        entry = self.store.put_summary(entry, text)
         with self._lock:
-            self._recognizer(window).add(text, region)
+            self._learn(entry, data)
+            if window in self._windows:
+                self._windows[window] = max(self._windows[window], region.depth)
         return region
 
     def archive(self, unregistered: Iterable[tuple[str, str]]) -> None:
         """Store unrecognised original content as sources, so summaries of it stay derivable."""
         for source_id, text in unregistered:
-            self.store.put_source(Source(source_id, UNREGISTERED), text)
+            source = Source(source_id, UNREGISTERED)
+            self.store.put_source(source, text)
+            with self._lock:
+                self._learn(Entry.of_source(self._key, source, text), encode(text))
 
     # -- recognition ----------------------------------------------------------------------------
 
     def resolve(self, value: Any, window: str) -> Resolution:
         """What `value` rests on: any shape `policyhook._shapes` reads (str, messages, content
         blocks, Regions, nested lists); TypeError naming the part it cannot read."""
-        units = _shapes.read(value, keep=(Region,))
+        items: list[Region | str] = list(_shapes.read(value, keep=(Region,)))
+        with self._lock:
+            return self._resolve(items)
+
+    def _resolve(self, items: list[Region | str]) -> Resolution:
+        self._catch_up()
+        encoded = [encode(i) if isinstance(i, str) else b"" for i in items]
+        digests = [
+            digest(self._key, data)
+            if isinstance(item, str)
+            else digest(self._key, encode(item.text or item.id))
+            for item, data in zip(items, encoded, strict=True)
+        ]
+        self._fetch([d for d, i in zip(digests, items, strict=True) if isinstance(i, str)])
         parts: list[Region] = []
         unregistered: list[tuple[str, str]] = []
-        texts: list[str] = []
-        with self._lock:
-            recognizers = (self._recognizer(window), self._shared_recognizer())
-            for unit in units:
-                if isinstance(unit, Region):
-                    parts.append(unit)
-                    texts.append(unit.text or unit.id)
-                else:
-                    texts.append(unit)
-                    self._split(unit, recognizers, parts, unregistered)
-        region_id = text_id("r", "\x1e".join(texts))
+        closures: dict[str, frozenset[str]] = {}
+        for item, data, key in zip(items, encoded, digests, strict=True):
+            if isinstance(item, Region):
+                parts.append(item)
+                continue
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+                parts.append(self._region(entry, len(item), closures))
+                continue
+            cursor = 0
+            for start, end, found in self._find(data):
+                self._gap(data[cursor:start], parts, unregistered)
+                chars = len(data[start:end].decode("utf-8", "surrogatepass"))
+                parts.append(self._region(found, chars, closures))
+                cursor = end
+            if cursor == 0:
+                self._gap(data, parts, unregistered, key, item)
+            else:
+                self._gap(data[cursor:], parts, unregistered)
+        region_id = "r:" + digest(self._key, "\x1e".join(digests).encode())[:16]
+        parents = tuple(sorted({p.id for p in parts if p.depth > 0 and p.id in self._summaries}))
+        direct = frozenset().union(
+            *(p.sources for p in parts if not (p.depth > 0 and p.id in self._summaries))
+        )
+        self._made_of[region_id] = (parents, direct)
+        self._made_of.move_to_end(region_id)
+        if len(self._made_of) > 256:
+            self._made_of.popitem(last=False)
         return Resolution(Region.merge(parts, region_id), tuple(unregistered))
 
-    def _split(
+    def _find(self, data: bytes) -> list[tuple[int, int, Entry]]:
+        """Known texts inside `data`: non-overlapping, leftmost first, longest on a tie."""
+        candidates = self._index.find(data)
+        if not self._complete:
+            candidates += self._ask_store(data, candidates)
+        hits: list[tuple[int, int, str]] = []
+        for start, end, key in set(candidates):
+            if digest(self._key, data[start:end]) == key:
+                hits.append((start, start - end, key))
+        hits.sort()
+        self._fetch([key for _, _, key in hits])
+        out: list[tuple[int, int, Entry]] = []
+        cursor = 0
+        for start, negative, key in hits:
+            entry = self._entries.get(key)
+            if start >= cursor and entry is not None:
+                cursor = start - negative
+                out.append((start, cursor, entry))
+        return out
+
+    def _ask_store(
+        self, data: bytes, known: list[tuple[int, int, str]]
+    ) -> list[tuple[int, int, str]]:
+        """Where texts the store knows but this process does not cache may start in `data`.
+
+        Only while the cache does not hold every text: each position not inside a text already
+        found is looked up by anchor, in one store call. Linear, but hashing every position costs
+        far more than the automaton: `max_texts` should hold a working set.
+        """
+        covered = bytearray(len(data) + 1)
+        for start, end, _ in known:
+            covered[start:end] = b"\x01" * (end - start)
+        anchors: dict[str, list[int]] = {}
+        for at in range(len(data) - MIN_BYTES + 1):
+            if covered[at] or data[at] & 0xC0 == 0x80:  # inside a text, or not a char start
+                continue
+            anchor = anchor_of(self._key, data[at : at + MIN_BYTES])
+            if anchor is not None:
+                anchors.setdefault(anchor, []).append(at)
+        found: list[tuple[int, int, str]] = []
+        for entry in self.store.by_anchor(list(anchors)) if anchors else ():
+            for at in anchors.get(entry.anchor or "", ()):
+                if at + entry.size <= len(data):
+                    found.append((at, at + entry.size, entry.digest))
+                    if entry.digest not in self._entries:
+                        self._learn(entry, data[at : at + entry.size], check=True)
+        return found
+
+    def _fetch(self, digests: list[str]) -> None:
+        """Bring the entries of `digests` not cached from the store, in one lookup."""
+        missing = [d for d in dict.fromkeys(digests) if d not in self._entries]
+        if missing:
+            for entry in self.store.lookup(missing).values():
+                self._remember(entry)
+
+    def _region(self, entry: Entry, chars: int, closures: dict[str, frozenset[str]]) -> Region:
+        if entry.depth == 0:
+            return Region(
+                id=entry.id,
+                sources=frozenset(entry.sources),
+                source_kinds=frozenset(entry.source_kinds),
+                chars=chars,
+            )
+        sources = closures.get(entry.id)
+        if sources is None:
+            sources = closures[entry.id] = self._rests_on(entry)
+        return Region(
+            id=entry.id,
+            depth=entry.depth,
+            sources=sources,
+            source_kinds=frozenset(entry.source_kinds),
+            chars=chars,
+        )
+
+    def _rests_on(self, entry: Entry) -> frozenset[str]:
+        """Every source a summary rests on: walked in memory, or asked of the store if a parent
+        is not cached."""
+        sources: set[str] = set(entry.sources)
+        seen = set(entry.parents)
+        todo = list(entry.parents)
+        while todo:
+            parent = self._summaries.get(todo.pop())
+            if parent is None:
+                return self.store.rests_on([entry.id])[entry.id]
+            sources.update(parent.sources)
+            for grand in parent.parents:
+                if grand not in seen:
+                    seen.add(grand)
+                    todo.append(grand)
+        return frozenset(sources)
+
+    def _gap(
         self,
-        text: str,
-        recognizers: tuple[_Recognizer, ...],
+        data: bytes,
         parts: list[Region],
         unregistered: list[tuple[str, str]],
+        key: str | None = None,
+        text: str | None = None,
     ) -> None:
-        for recognizer in recognizers:
-            known = recognizer.exact(text)
-            if known is not None:
-                parts.append(known)
-                return
-        cursor = 0
-        for start, end, known in recognizers[0].find(text):  # the window's: sources included
-            self._gap(text[cursor:start], parts, unregistered)
-            parts.append(known)
-            cursor = end
-        self._gap(text[cursor:] if cursor else text, parts, unregistered)
-
-    @staticmethod
-    def _gap(text: str, parts: list[Region], unregistered: list[tuple[str, str]]) -> None:
+        if text is None:
+            text = data.decode("utf-8", "surrogatepass")
         if not text.strip():
             return
-        source_id = text_id(UNREGISTERED, text)
+        source_id = f"{UNREGISTERED}:{(key or digest(self._key, data))[:16]}"
         unregistered.append((source_id, text))
         parts.append(
             Region(
@@ -467,33 +460,54 @@ class Ledger:
         )
 
     def max_depth(self, window: str) -> int:
-        """The deepest summary the window is known to hold."""
+        """The deepest summary recorded in the window: O(1)."""
         with self._lock:
-            return self._recognizer(window).max_depth()
+            depth = self._windows.get(window)
+            if depth is None:
+                depth = self.store.window_depth(window)
+                self._windows[window] = depth
+                while len(self._windows) > self.max_windows:
+                    self._windows.popitem(last=False)  # the idlest window's state
+            self._windows.move_to_end(window)
+            return depth
 
     # -- memory ---------------------------------------------------------------------------------
 
-    def _recognizer(self, window: str) -> _Recognizer:
-        recognizer = self._windows.get(window)
-        if recognizer is None:
-            recognizer = _Recognizer(self.max_texts_per_window, self._shared_recognizer())
-            for region, text in self.store.summaries(window, self.max_texts_per_window):
-                recognizer.add(text, region)
-            self._windows[window] = recognizer
-            while len(self._windows) > self.max_windows:
-                self._windows.popitem(last=False)
-        self._windows.move_to_end(window)
-        return recognizer
+    def _remember(self, entry: Entry) -> None:
+        """Cache an entry (least recently used out: then the index no longer holds everything)."""
+        self._entries[entry.digest] = entry
+        self._entries.move_to_end(entry.digest)
+        if entry.depth > 0:
+            self._summaries[entry.id] = entry
+        while len(self._entries) > self.max_texts:
+            _, dropped = self._entries.popitem(last=False)
+            self._summaries.pop(dropped.id, None)
+            if dropped.digest in self._index:
+                self._index.discard(dropped.digest)
+                self._complete = False
 
-    def _shared_recognizer(self) -> _Recognizer:
-        if self._shared is None:
-            self._shared = _Recognizer(self.max_texts_per_window)
-            for source, text in self.store.sources(self.max_texts_per_window):
-                region = Region(
-                    id=source.id,
-                    sources=frozenset({source.id}),
-                    source_kinds=frozenset({source.kind}),
-                    chars=len(text),
-                )
-                self._shared.add(text, region)
-        return self._shared
+    def _learn(self, entry: Entry, data: bytes, check: bool = False) -> None:
+        """Cache an entry and index its text (`data`) for finding it inside longer input."""
+        if check and digest(self._key, data) != entry.digest:
+            return
+        self._remember(entry)
+        self._index.add(data, entry.digest)
+
+    def _catch_up(self) -> None:
+        """Index texts other processes (or this one) recorded since we last looked."""
+        while True:
+            cursor, items = self.store.since(self._cursor, 1024)
+            self._cursor = cursor
+            for entry, text in items:
+                if entry.digest in self._entries and entry.digest in self._index:
+                    continue
+                if text is not None:
+                    self._learn(entry, encode(text))
+                else:
+                    self._remember(entry)
+                    # Known, text gone: a summary must still be found inside longer input, so
+                    # ask the store. (An evicted source found there or not is dead either way.)
+                    if entry.anchor is not None and entry.depth > 0:
+                        self._complete = False
+            if len(items) < 1024:
+                return

@@ -52,8 +52,11 @@ class Store(Protocol):
     def states(self, source_ids: Collection[str]) -> dict[str, State]:
         """Each known id's state, in one lookup; ids never put are left out (unknown)."""
 
-    def put_summary(self, entry: Entry, text: str) -> None:
-        """Remember a granted summary (normalised `entry`) of `entry.window`, with its text."""
+    def put_summary(self, entry: Entry, text: str) -> Entry:
+        """Remember a granted summary (normalised `entry`) of `entry.window`, with its text.
+
+        A text recorded again is merged with its earlier record (`Entry.merged`: provenance only
+        grows), atomically; returns the entry as stored."""
 
     def lookup(self, digests: Collection[str]) -> dict[str, Entry]:
         """The entries of the texts with these digests (sources, evicted ones too, and
@@ -171,8 +174,9 @@ class MemoryStore:
                     out[s] = self._dead[s]
             return out
 
-    def put_summary(self, entry: Entry, text: str) -> None:
+    def put_summary(self, entry: Entry, text: str) -> Entry:
         with self._lock:
+            entry = entry.merged(self._entries.get(entry.digest))
             self._index(entry)
             self._by_id[entry.id] = entry
             self._texts[entry.digest] = text
@@ -181,6 +185,7 @@ class MemoryStore:
                 while len(self._texts) > self.max_sources:
                     self._texts.popitem(last=False)
             self._depths[entry.window] = max(self._depths.get(entry.window, 0), entry.depth)
+            return entry
 
     def lookup(self, digests: Collection[str]) -> dict[str, Entry]:
         with self._lock:
@@ -468,23 +473,29 @@ class SQLiteStore:
             ).fetchall()
         return {i: s for i, s in rows}
 
-    def _put_summary(self, entry: Entry, text: str) -> None:
+    def _put_summary(self, entry: Entry, text: str) -> Entry:
+        row = self._db.execute(
+            f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE digest = ?", (entry.digest,)
+        ).fetchone()
+        entry = entry.merged(None if row is None else _entry(row))
         self._put_entry(entry, text)
         self._db.execute(
             "INSERT INTO windows VALUES (?, ?) ON CONFLICT (window) "
             "DO UPDATE SET depth = max(depth, excluded.depth)",
             (entry.window, entry.depth),
         )
+        return entry
 
-    def put_summary(self, entry: Entry, text: str) -> None:
+    def put_summary(self, entry: Entry, text: str) -> Entry:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                self._put_summary(entry, text)
+                entry = self._put_summary(entry, text)
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
+        return entry
 
     def lookup(self, digests: Collection[str]) -> dict[str, Entry]:
         if not digests:

@@ -212,6 +212,21 @@ class StoreContract:
         assert store.rests_on([d.id, c.id]) == {d.id: {"x", "y", "z"}, c.id: {"x", "y"}}
         assert store.rests_on([]) == {}
 
+    def test_recording_a_text_again_only_grows_its_provenance(self, store: Store) -> None:
+        """The same summary text recorded twice keeps both records' parents and sources and the
+        deeper depth; a self-reference is dropped. put_summary returns what it stored."""
+        a = summary(store, "parent summary of the config", sources=("cfg",))
+        store.put_summary(a, "parent summary of the config")
+        first = summary(store, "the same output text twice", parents=(a.id,), sources=("t1",))
+        assert store.put_summary(first, "the same output text twice") == first
+        again = summary(
+            store, "the same output text twice", depth=3, parents=(first.id,), sources=("t2",)
+        )
+        stored = store.put_summary(again, "the same output text twice")
+        assert (stored.depth, stored.parents, stored.sources) == (3, (a.id,), ("t1", "t2"))
+        assert store.lookup([first.digest])[first.digest] == stored
+        assert store.rests_on([first.id]) == {first.id: {"cfg", "t1", "t2"}}
+
     def test_window_depth_is_the_deepest_recorded(self, store: Store) -> None:
         """window_depth is the deepest summary recorded in that window, 0 for others."""
         for depth, text in [

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
-from policyhook import Guard, MemoryStore, Region, Source
+from policyhook import Guard, MemoryStore, Region, Source, SQLiteStore
 from policyhook.provenance import Ledger
 from policyhook.testing import capture_decisions
 
@@ -16,6 +17,17 @@ kind: CompactionPolicy
 metadata: {name: allow-all}
 spec:
   rules: [{name: always, expression: "true"}]
+"""
+
+
+DEFAULT_LIKE = """
+apiVersion: policyhook.dev/v1
+kind: CompactionPolicy
+metadata: {name: live-sources}
+spec:
+  rules:
+    - name: summaries-need-live-sources
+      expression: "region.depth == 0 || size(region.dead_sources) == 0"
 """
 
 
@@ -183,27 +195,179 @@ class TestRecognition:
             guard.check(42, summarizer="s")
 
 
-class TestBoundedMemory:
-    def test_recognition_memory_is_bounded_per_window(self) -> None:
-        """Past max_texts_per_window, the oldest summaries are forgotten by recognition."""
-        ledger = Ledger(MemoryStore(), max_texts_per_window=3)
-        base = Region(id="r", sources=frozenset({"s"}))
-        texts = [f"summary number {i} with enough characters" for i in range(5)]
-        for t in texts:
-            ledger.record_summary(t, base, "w")
-        assert ledger.resolve(texts[0], "w").region.depth == 0  # forgotten
-        assert ledger.resolve(texts[4], "w").region.depth == 1
-        assert ledger.resolve(texts[4], "other-window").region.depth == 0  # windows are separate
+def summary_text(i: int) -> str:
+    return f"summary number {i}: the retry ceiling of job {i} is {i % 9}, from config"
+
+
+def source_text(i: int) -> str:
+    return f"tool output {i}: deploy of service {i} finished with exit code {i % 3}"
+
+
+def all_shapes(text: str) -> list[object]:
+    """A known text whole, as a message, inside a block, and embedded in a longer string."""
+    return [
+        text,
+        [Message("user", text)],
+        {"role": "user", "content": [{"type": "text", "text": text}]},
+        [f"earlier turns, then {text} and a new turn after it"],
+    ]
+
+
+class TestExactWhateverIsCached:
+    """Memory bounds decide what is cached, never what is known (issue 12 regressions)."""
+
+    CACHE = 64  # the ledger's text cache in these tests; each records 10x as many texts
+
+    def test_summary_past_the_cache_is_still_a_summary(self) -> None:
+        """Regression: a summary recorded 10x the cache ago came back as original (fail open)."""
+        ledger = Ledger(MemoryStore(), max_texts=self.CACHE)
+        base = Region(id="r", sources=frozenset({"cfg"}))
+        for i in range(10 * self.CACHE):
+            ledger.record_summary(summary_text(i), base, "w")
+        for shape in all_shapes(summary_text(0)):
+            region = ledger.resolve(shape, "w").region
+            assert region.depth == 1 and "cfg" in region.sources, shape
+
+    def test_sources_past_the_cache_are_not_refused(self, compile_policy) -> None:  # type: ignore[no-untyped-def]
+        """Regression: past the cache, a window's own live sources were forgotten and their
+        summaries refused; every source the store holds stays recognised and live."""
+        guard = Guard(compile_policy(DEFAULT_LIKE))
+        guard.ledger = Ledger(guard.store, max_texts=self.CACHE)
+        ids = [
+            guard.record_source(source_text(i), "tool_output").id for i in range(10 * self.CACHE)
+        ]
+        summarize = guard(
+            lambda text: "Summary: deploy 0 finished with exit code 0.", summarizer="s"
+        )
+        out = summarize(source_text(0))
+        for shape in all_shapes(out)[:3]:
+            decision = guard.check(shape, summarizer="s")
+            assert (decision.effect, decision.depth) == ("allow", 1), shape
+        embedded = guard.ledger.resolve(all_shapes(out)[3], "w").region
+        assert embedded.depth == 1 and ids[0] in embedded.sources
+        assert guard.store.live(embedded.sources) >= {ids[0]}
+        region = guard.ledger.resolve(all_shapes(source_text(1))[3], "w").region
+        assert ids[1] in region.sources
+
+    def test_summary_carried_into_another_window(self) -> None:
+        """Regression: a summary carried into another window (a fork) was not recognised."""
+        ledger = Ledger(MemoryStore())
+        ledger.record_summary(summary_text(1), Region("r", sources=frozenset({"cfg"})), "parent")
+        for shape in all_shapes(summary_text(1)):
+            assert ledger.resolve(shape, "forked").region.depth == 1, shape
+        assert ledger.max_depth("forked") == 0  # windows scope max_depth, not recognition
+
+    def test_another_process_recognises_what_one_recorded(self, tmp_path: Path) -> None:
+        """Two processes on one store: a summary one records is known to the other, at once."""
+        with SQLiteStore(tmp_path / "s.db") as one, SQLiteStore(tmp_path / "s.db") as two:
+            first, second = Ledger(one), Ledger(two)
+            second.resolve("warm the cache up first", "w")
+            region = first.record_summary(
+                summary_text(3), Region("r", sources=frozenset({"x"})), "w"
+            )
+            for shape in all_shapes(summary_text(3)):
+                got = second.resolve(shape, "w").region
+                assert got.depth == 1 and "x" in got.sources, shape
+            assert second.resolve(summary_text(3), "w").region.sources == region.sources
+
+    def test_old_summary_embedded_is_found_through_the_store(self) -> None:
+        """Past the cache, a summary inside a longer string is found by asking the store."""
+        store = MemoryStore()
+        Ledger(store).record_summary(summary_text(5), Region("r", sources=frozenset({"y"})), "w")
+        ledger = Ledger(store, max_texts=8)
+        base = Region(id="r2", sources=frozenset({"z"}))
+        for i in range(100, 180):
+            ledger.record_summary(summary_text(i), base, "w")
+        region = ledger.resolve(f"before {summary_text(5)} after, {summary_text(101)}", "w").region
+        assert region.depth == 1 and {"y", "z"} <= region.sources
+
+    def test_ten_times_the_default_windows(self) -> None:
+        """With the default bounds, 10x the default window count each keeps its own max_depth."""
+        ledger = Ledger(MemoryStore(), max_windows=256)
+        for w in range(2560):
+            ledger.record_summary(
+                f"summary of window {w} is long", Region("r", depth=w % 3), f"w{w}"
+            )
+            ledger.max_depth(f"w{w}")
+        assert [ledger.max_depth(f"w{w}") for w in range(6)] == [1, 2, 3, 1, 2, 3]
+        assert ledger.resolve("summary of window 7 is long", "w2559").region.depth == 2
 
     def test_forgotten_window_is_reloaded_from_the_store(self) -> None:
-        """A window evicted from memory is rebuilt from the store on next use."""
+        """A window dropped from memory gets its max_depth back from the store, in O(1)."""
         store = MemoryStore()
         ledger = Ledger(store, max_windows=1)
         ledger.record_summary(
             "summary of window A, long enough", Region(id="r", sources=frozenset({"x"})), "A"
         )
-        ledger.resolve("anything at all here", "B")  # pushes A out
+        assert ledger.max_depth("A") == 1
+        assert ledger.max_depth("B") == 0  # pushes A out
         assert ledger.resolve("summary of window A, long enough", "A").region.depth == 1
+        assert ledger.max_depth("A") == 1
+
+    def test_shared_prefix_sources_are_told_apart(self) -> None:
+        """Sources sharing a long header are each recognised exactly (unique anchors)."""
+        ledger = Ledger(MemoryStore())
+        header = "=== tool: shell, cwd: /srv/app, exit status follows ===\n" * 3
+        ids = [ledger.record_source(f"{header}result {i}", "tool_output").id for i in range(300)]
+        for i in (0, 1, 150, 299):
+            region = ledger.resolve(f"turn: {header}result {i} -- done", "w").region
+            assert region.sources - {s for s, _ in ledger.resolve("turn: ", "w").unregistered}
+            assert ids[i] in region.sources
+            assert not set(ids) - {ids[i]} & region.sources
+
+    def test_rolling_chain_rests_on_every_turn(self) -> None:
+        """A rolling chain of 300 passes, each adding one turn, rests on all 300 turns."""
+        ledger = Ledger(MemoryStore(), max_texts=32)
+        current: list[str] = []
+        turns = []
+        for i in range(300):
+            turns.append(ledger.record_source(source_text(i), "user_turn").id)
+            resolution = ledger.resolve([*current, source_text(i)], "w")
+            current = [summary_text(i)]
+            ledger.record_summary(summary_text(i), resolution.region, "w")
+        region = ledger.resolve(current, "w").region
+        assert (region.depth, region.sources) == (300, frozenset(turns))
+
+    def test_same_output_twice_keeps_the_first_sources(self) -> None:
+        """A summarizer returning the same text for a deeper input keeps every source it rested
+        on: re-recording a text only adds provenance (else cfg's eviction would go unseen)."""
+        ledger = Ledger(MemoryStore())
+        ledger.record_source("config: retry_ceiling = 7", "config_read", "cfg")
+        first = ledger.resolve(["config: retry_ceiling = 7"], "w")
+        ledger.record_summary("retry ceiling is 7, per the config", first.region, "w")
+        again = ledger.resolve(["retry ceiling is 7, per the config", "user: notify #ops"], "w")
+        ledger.record_summary("retry ceiling is 7, per the config", again.region, "w")
+        region = ledger.resolve("retry ceiling is 7, per the config", "w").region
+        assert region.depth == 2 and "cfg" in region.sources
+
+
+class TestKeyedIds:
+    """Issue 13 item 8: ids that leave the process are keyed, so short texts cannot be guessed."""
+
+    def test_pin_cannot_be_recovered_from_ids(self, guard: Guard) -> None:
+        """Hashing all 10,000 PINs does not give any id the guard emits for "my PIN is 4711"."""
+        import hashlib
+
+        with capture_decisions(guard) as seen:
+            guard.check("my PIN is 4711", summarizer="probe")
+        region = seen[0][1]["region"]
+        emitted = {region["id"], *region["sources"]}
+        for pin in range(10_000):
+            data = f"my PIN is {pin:04d}".encode()
+            for guess in (
+                hashlib.sha256(data).hexdigest()[:16],
+                hashlib.blake2b(data, digest_size=16).hexdigest()[:16],
+            ):
+                assert not any(guess in e for e in emitted)
+
+    def test_same_store_same_ids_other_store_other_ids(self, tmp_path: Path) -> None:
+        """Two processes sharing a store give a text the same id; another store, another id."""
+        a1, a2, b = (SQLiteStore(tmp_path / n) for n in ("a.db", "a.db", "b.db"))
+        with a1, a2, b:
+            ids = [Ledger(s).resolve("my PIN is 4711", "w").region.id for s in (a1, a2, b)]
+            src = [Ledger(s).record_source("my PIN is 4711", "user_turn").id for s in (a1, a2, b)]
+        assert ids[0] == ids[1] != ids[2]
+        assert src[0] == src[1] != src[2]
 
 
 class TestRecognitionOverlaps:
