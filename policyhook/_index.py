@@ -2,9 +2,10 @@
 
 Each known text is indexed by one anchor (up to `ANCHOR` bytes of it) in Aho-Corasick automata
 over UTF-8 bytes. New texts wait in a small batch searched with `bytes.find`; a full batch becomes
-an automaton, and automata of equal size merge (a binary counter), so a text is rebuilt into an
-automaton O(log n) times in all, the largest merge happens once per doubling, and a search runs
-O(log n) automata. Anchors are chosen unique: texts sharing a long prefix (a tool-output header)
+an automaton of tier 0, and `_FANOUT` automata of one tier merge into one of the next (tiered
+merging, a counter in base `_FANOUT`), so a text is rebuilt into an automaton O(log n) times in
+all, a merge of n anchors happens once per n/`_FANOUT` new texts, and a search runs O(log n)
+automata. Anchors are chosen unique: texts sharing a long prefix (a tool-output header)
 are anchored further in, so one hit in the input means one candidate to confirm, not N.
 
 The index returns candidates only; the ledger confirms each by digest.
@@ -14,16 +15,19 @@ from __future__ import annotations
 
 import ahocorasick_rs
 
-#: Bytes in an anchor; shorter texts are anchored whole.
-ANCHOR = 32
 #: Texts shorter than this many bytes are never searched for inside larger strings.
 MIN_BYTES = 16
+#: Bytes in an anchor (short anchors build fast; uniqueness is ensured by choosing where).
+ANCHOR = MIN_BYTES
 #: New texts searched one by one until there are this many; then they become an automaton.
-_BATCH = 8
+_BATCH = 32
+#: Automata of one tier that merge into one of the next.
+_FANOUT = 4
 #: Offsets tried for a unique anchor before sharing one.
 _TRIES = 16
-#: Inputs at least this long are searched with DFAs (built once per level, on demand) ...
-_LARGE_INPUT = 256 * 1024
+#: Inputs at least this long fold the batch into an automaton first, and are searched with DFAs
+#: (built once per level, on demand) ...
+_LARGE_INPUT = 64 * 1024
 #: ... for levels of at most this many anchors (a DFA takes ~14 KB per anchor).
 _DFA_MAX_ANCHORS = 2048
 
@@ -33,9 +37,11 @@ Candidate = tuple[int, int, str]  # (offset of the anchor in its text, text size
 class _Level:
     """One immutable automaton over a set of anchors."""
 
-    __slots__ = ("_dfa", "anchors", "automaton", "candidates")
+    __slots__ = ("_dfa", "anchors", "automaton", "candidates", "size", "tier")
 
-    def __init__(self, items: list[tuple[bytes, Candidate]]) -> None:
+    def __init__(self, items: list[tuple[bytes, Candidate]], tier: int) -> None:
+        self.size = len(items)
+        self.tier = tier
         by_anchor: dict[bytes, list[Candidate]] = {}
         for anchor, candidate in items:
             by_anchor.setdefault(anchor, []).append(candidate)
@@ -45,9 +51,6 @@ class _Level:
             self.anchors, implementation=ahocorasick_rs.Implementation.ContiguousNFA
         )
         self._dfa: ahocorasick_rs.BytesAhoCorasick | None = None
-
-    def __len__(self) -> int:
-        return sum(len(c) for c in self.candidates)
 
     def items(self) -> list[tuple[bytes, Candidate]]:
         return [(a, c) for a, cs in zip(self.anchors, self.candidates, strict=True) for c in cs]
@@ -88,8 +91,21 @@ class Index:
         self._digests.add(digest)
         self._fresh.append((anchor, (offset, len(data), digest)))
         if len(self._fresh) >= _BATCH:
-            self._push(_Level(self._fresh))
-            self._fresh = []
+            self._fold()
+
+    def _fold(self) -> None:
+        """The batch becomes a tier-0 automaton; full tiers merge upwards."""
+        self._levels.append(_Level(self._fresh, 0))
+        self._fresh = []
+        while len(self._levels) >= _FANOUT:
+            tier = self._levels[-1].tier
+            group = self._levels[-_FANOUT:]
+            if any(level.tier != tier for level in group):
+                return
+            del self._levels[-_FANOUT:]
+            kept = [i for level in group for i in level.items() if self._keep(i)]
+            if kept:
+                self._levels.append(_Level(kept, tier + 1))
 
     def discard(self, digest: str) -> None:
         """Stop finding a text (it is left out of the automaton at its level's next merge)."""
@@ -106,14 +122,6 @@ class Index:
             if anchor not in self._used:
                 return anchor, offset
         return data[last:], last  # the tail: unique unless the texts are all but identical
-
-    def _push(self, level: _Level) -> None:
-        self._levels.append(level)
-        while len(self._levels) > 1 and len(self._levels[-2]) <= len(self._levels[-1]):
-            top, below = self._levels.pop(), self._levels.pop()
-            kept = [i for i in below.items() + top.items() if self._keep(i)]
-            if kept:
-                self._levels.append(_Level(kept))
 
     def _keep(self, item: tuple[bytes, Candidate]) -> bool:
         anchor, (_, _, digest) = item
@@ -132,6 +140,8 @@ class Index:
         found: list[tuple[int, int, str]] = []
         size = len(data)
         large = size >= _LARGE_INPUT
+        if large and self._fresh:
+            self._fold()  # one pass per automaton beats one `find` per batched text
         dropped = self._dropped
         for level in self._levels:
             candidates = level.candidates

@@ -100,14 +100,25 @@ class TestSQLite:
         assert refused.value.dead_sources == ("cfg-1",)
 
     def test_one_statement_per_liveness_lookup(self, tmp_path: Path) -> None:
-        """live() over 1,000 sources is a single SQL statement: one round-trip per decision."""
+        """live() over 1,000 sources is one query (plus the data_version check), and none while
+        nothing changed; another connection's eviction is seen at once."""
         store = SQLiteStore(tmp_path / "ph.db")
         for i in range(1000):
             store.put_source(Source(f"s{i}", "tool_output"), "x")
+        store._expiry.clear()
         statements: list[str] = []
         store._db.set_trace_callback(statements.append)
-        assert len(store.live([f"s{i}" for i in range(1000)])) == 1000
-        assert len(statements) == 1
+        ids = [f"s{i}" for i in range(1000)]
+        assert len(store.live(ids)) == 1000
+        queries = [s for s in statements if not s.startswith("PRAGMA data_version")]
+        assert len(queries) == 1
+        statements.clear()
+        assert len(store.live(ids)) == 1000
+        assert [s for s in statements if not s.startswith("PRAGMA data_version")] == []
+        with SQLiteStore(tmp_path / "ph.db") as other:
+            other.evict("s7")
+        assert len(store.live(ids)) == 999 and "s7" not in store.live(ids)
+        store.close()
 
     def test_bad_path_is_a_clear_error(self, tmp_path: Path) -> None:
         """A store path in a missing folder fails at construction, naming the problem."""
