@@ -8,6 +8,7 @@ embedded, and everything else counts as original content that no store holds yet
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 import threading
 from collections import OrderedDict
@@ -21,12 +22,16 @@ from policyhook._index import MIN_BYTES, Index
 if TYPE_CHECKING:
     from policyhook.stores import Store
 
+_logger = logging.getLogger("policyhook")
+
 #: Texts shorter than this (in UTF-8 bytes) are recognised only as a whole input or a whole
 #: message, never inside a larger string: a short summary such as "OK" would otherwise match
 #: everywhere.
 MIN_EMBEDDED_CHARS = MIN_BYTES
 #: Kind given to content the ledger did not recognise (it rests on no registered source).
 UNREGISTERED = "window"
+#: Kind given to content that could not be checked because the store did not answer.
+UNVERIFIABLE = "unverifiable"
 
 
 #: Leading UTF-8 bytes of a text that a store indexes it by, for finding it inside longer input.
@@ -197,6 +202,18 @@ def content_of(item: Any) -> str | None:
         return None
 
 
+def _unverifiable(key: str, chars: int) -> Region:
+    """A message the ledger could not check because the store did not answer: it may be a
+    summary, so it counts as one resting on a source no store holds (fail closed)."""
+    return Region(
+        id=f"{UNVERIFIABLE}:{key[:16]}",
+        depth=1,
+        sources=frozenset({f"{UNVERIFIABLE}:{key[:16]}"}),
+        source_kinds=frozenset({UNVERIFIABLE}),
+        chars=chars,
+    )
+
+
 class Ledger:
     """Remembers sources and granted summaries, and tells what a call's input rests on.
 
@@ -303,7 +320,10 @@ class Ledger:
             return self._resolve(items)
 
     def _resolve(self, items: list[Region | str]) -> Resolution:
-        self._catch_up()
+        try:
+            self._catch_up()
+        except Exception:  # a miss below still asks the store, and fails closed if it cannot
+            _logger.debug("policyhook: store catch-up failed", exc_info=True)
         encoded = [encode(i) if isinstance(i, str) else b"" for i in items]
         digests = [
             digest(self._key, data)
@@ -311,10 +331,14 @@ class Ledger:
             else digest(self._key, encode(item.text or item.id))
             for item, data in zip(items, encoded, strict=True)
         ]
-        self._fetch([d for d, i in zip(digests, items, strict=True) if isinstance(i, str)])
         parts: list[Region] = []
         unregistered: list[tuple[str, str]] = []
         closures: dict[str, frozenset[str]] = {}
+        failure: Exception | None = None
+        try:
+            self._fetch([d for d, i in zip(digests, items, strict=True) if isinstance(i, str)])
+        except Exception as exc:
+            failure = exc
         for item, data, key in zip(items, encoded, digests, strict=True):
             if isinstance(item, Region):
                 parts.append(item)
@@ -322,18 +346,27 @@ class Ledger:
             entry = self._entries.get(key)
             if entry is not None:
                 self._entries.move_to_end(key)
-                parts.append(self._region(entry, len(item), closures))
+                try:
+                    parts.append(self._region(entry, len(item), closures))
+                    continue
+                except Exception as exc:
+                    failure = exc
+            if failure is not None:
+                parts.append(_unverifiable(key, len(item)))
                 continue
-            cursor = 0
-            for start, end, found in self._find(data):
-                self._gap(data[cursor:start], parts, unregistered)
-                chars = len(data[start:end].decode("utf-8", "surrogatepass"))
-                parts.append(self._region(found, chars, closures))
-                cursor = end
-            if cursor == 0:
-                self._gap(data, parts, unregistered, key, item)
-            else:
-                self._gap(data[cursor:], parts, unregistered)
+            mark = (len(parts), len(unregistered))
+            try:
+                self._split(item, data, key, parts, unregistered, closures)
+            except Exception as exc:
+                failure = exc
+                del parts[mark[0] :], unregistered[mark[1] :]
+                parts.append(_unverifiable(key, len(item)))
+        if failure is not None:
+            _logger.warning(
+                "policyhook: store unreachable while recognising the input; what it could not "
+                "tell apart counts as a summary of dead sources (fail closed)",
+                exc_info=failure,
+            )
         region_id = "r:" + digest(self._key, "\x1e".join(digests).encode())[:16]
         parents = tuple(sorted({p.id for p in parts if p.depth > 0 and p.id in self._summaries}))
         direct = frozenset().union(
@@ -344,6 +377,27 @@ class Ledger:
         if len(self._made_of) > 256:
             self._made_of.popitem(last=False)
         return Resolution(Region.merge(parts, region_id), tuple(unregistered))
+
+    def _split(
+        self,
+        text: str,
+        data: bytes,
+        key: str,
+        parts: list[Region],
+        unregistered: list[tuple[str, str]],
+        closures: dict[str, frozenset[str]],
+    ) -> None:
+        """The known texts inside one message and the unrecognised gaps between them."""
+        cursor = 0
+        for start, end, found in self._find(data):
+            self._gap(data[cursor:start], parts, unregistered)
+            chars = len(data[start:end].decode("utf-8", "surrogatepass"))
+            parts.append(self._region(found, chars, closures))
+            cursor = end
+        if cursor == 0:
+            self._gap(data, parts, unregistered, key, text)
+        else:
+            self._gap(data[cursor:], parts, unregistered)
 
     def _find(self, data: bytes) -> list[tuple[int, int, Entry]]:
         """Known texts inside `data`: non-overlapping, leftmost first, longest on a tie."""

@@ -407,3 +407,45 @@ class TestRecognitionOverlaps:
             ledger.record_summary(text, Region(f"r{i}", sources=frozenset({f"s{i}"})), "w")
             region = ledger.resolve(f"turns before. {text} turns after.", "w").region
             assert f"s{i}" in region.sources and region.depth == 1
+
+
+class _Unreachable(MemoryStore):
+    """A store whose text index stops answering (a shared store gone down)."""
+
+    down = False
+
+    def lookup(self, digests):  # type: ignore[no-untyped-def]
+        if self.down:
+            raise ConnectionError("store at 127.0.0.1:1 did not answer")
+        return super().lookup(digests)
+
+    def since(self, cursor, limit):  # type: ignore[no-untyped-def]
+        if self.down:
+            raise ConnectionError("store at 127.0.0.1:1 did not answer")
+        return super().since(cursor, limit)
+
+
+class TestStoreDownFailsClosed:
+    def test_text_the_cache_cannot_tell_counts_as_a_dead_summary(
+        self, guard: Guard, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Store down: a message not cached may be a summary, so it is refused, with a warning;
+        a cached summary is still recognised as what it is."""
+        store = _Unreachable()
+        guard.ledger = Ledger(store)
+        guard.store = store
+        known = summary_text(1)
+        guard.ledger.record_summary(known, Region("r", sources=frozenset({"cfg"})), "w")
+        store.down = True
+        with caplog.at_level("WARNING", logger="policyhook"):
+            region = guard.ledger.resolve(["a message never seen before, maybe a summary"], "w")
+        assert region.region.depth == 1
+        assert region.region.source_kinds == {"unverifiable"}
+        assert "store unreachable" in caplog.text and "127.0.0.1:1" in caplog.text
+        cached = guard.ledger.resolve([known], "w").region
+        assert (cached.depth, cached.sources) == (1, {"cfg"})
+        store.down = False
+        assert (
+            guard.ledger.resolve(["a message never seen before, maybe a summary"], "w").region.depth
+            == 0
+        )
