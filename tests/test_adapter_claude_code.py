@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from policyhook import Guard, SQLiteStore
+from policyhook import Guard, Region, SQLiteStore
 from policyhook.adapters.claude_code import decide, read_transcript
 from policyhook.testing import capture_decisions
 
@@ -547,3 +547,48 @@ def test_decision_is_traced_like_a_decorated_call() -> None:
     assert span.attributes["policyhook.trigger"] == "manual"
     assert span.attributes["policyhook.window.id"] == SESSION
     assert span.status.status_code.name == "ERROR"
+
+
+REAL = FIXTURES / "real"
+REAL_SESSION = "4d5611e5-241a-462a-8d15-5122611a9569"
+
+
+class TestRealTranscripts:
+    """Transcripts Claude Code wrote, from public repositories (real/README.md says whence)."""
+
+    def hook_input(self, name: str, trigger: str = "auto") -> dict[str, Any]:
+        return {**hook_input(REAL / name, trigger), "session_id": REAL_SESSION}
+
+    def test_read_as_claude_code_wrote_it(self) -> None:
+        """2.1.39 after an automatic compaction: the boundary (whose logical parent was never
+        written), the real 16 KB summary, SessionStart hook progress records on the chain."""
+        transcript = read_transcript(REAL / "spotter-4d5611e5-after-compaction.jsonl")
+        (segment,) = transcript.segments
+        assert segment.summary is not None and segment.originals == [] and segment.unread == []
+        assert segment.summary[1].startswith("This session is being continued")
+        assert len(segment.summary[1]) > 15_000
+        assert not transcript.history_complete
+        assert transcript.tokens == 3 + 14600 + 21478 + 9  # the last assistant record's usage
+
+    def test_summary_without_its_history_is_blocked(self, hook: Hook) -> None:
+        """The file holds none of the history the summary replaced and the store never saw it
+        made: the summary rests on an untraced source, so it is not summarized again."""
+        answer = blocked(hook(self.hook_input("spotter-4d5611e5-after-compaction.jsonl")))
+        assert "live-sources" in answer["reason"]
+        region = hook.last()["activation"]["region"]
+        assert region["depth"] == 1 and region["dead_sources"][0].startswith("untraced:")
+
+    def test_summary_recorded_by_an_earlier_run_is_allowed(self, hook: Hook) -> None:
+        """When an earlier run archived the history and recorded the summary, the same real file
+        is allowed: the summary's source is in the store."""
+        transcript = read_transcript(REAL / "spotter-4d5611e5-after-compaction.jsonl")
+        assert transcript.segments[0].summary is not None
+        text = transcript.segments[0].summary[1]
+        with SQLiteStore(hook.store) as store:
+            guard = Guard(store=store)
+            config = guard.record_source("retry ceiling: 7", "tool_output", "claude:earlier:u1")
+            history = Region.original("retry ceiling: 7", [config], region_id=config.id)
+            guard.ledger.record_summary(text, history, REAL_SESSION)
+        allowed(hook(self.hook_input("spotter-4d5611e5-after-compaction.jsonl", "manual")))
+        region = hook.last()["activation"]["region"]
+        assert (region["depth"], region["live_sources"]) == (1, ["claude:earlier:u1"])

@@ -58,7 +58,7 @@ from policyhook.adapters import untraced_summary
 from policyhook.hook import Guard, request
 from policyhook.loader import load
 from policyhook.policy import Decision
-from policyhook.provenance import Region, content_of
+from policyhook.provenance import Region, Source, content_of
 from policyhook.stores import SQLiteStore
 
 __all__ = [
@@ -245,8 +245,12 @@ class _Entry:
     sidechain: bool
     summary: bool
     session: str
-    message: Mapping[str, Any] | None
-    meta: bool = False
+    message_id: str | None = None
+    tool_uses: tuple[str, ...] = ()
+    tool_results: tuple[str, ...] = ()
+    original: Original | None = None  # the evidence it carries; the message itself is not kept
+    summary_text: str = ""
+    tokens: int = 0
     logical_parent: Any = None
     preserved_head: str | None = None
     preserved_anchor: str | None = None
@@ -257,7 +261,6 @@ def _entry(number: int, value: Mapping[str, Any], session: str) -> _Entry:
     kind = value.get("type")
     boundary = kind == "system" and value.get("subtype") == "compact_boundary"
     uuid = value.get("uuid")
-    message = value.get("message")
     sid = value.get("sessionId")
     entry = _Entry(
         line=number,
@@ -269,9 +272,10 @@ def _entry(number: int, value: Mapping[str, Any], session: str) -> _Entry:
         sidechain=value.get("isSidechain") is True,
         summary=bool(value.get("isCompactSummary")),  # any truthy flag: fail closed
         session=_clean(sid) if isinstance(sid, str) and sid else session,
-        message=message if isinstance(message, Mapping) else None,
-        meta=value.get("isMeta") is True,
     )
+    message = value.get("message")
+    if entry.kind in ("user", "assistant") and not entry.sidechain and isinstance(message, Mapping):
+        _read_message(entry, message, meta=value.get("isMeta") is True)
     if boundary:
         logical = value.get("logicalParentUuid")
         entry.logical_parent = _clean(logical) if isinstance(logical, str) else logical
@@ -468,7 +472,7 @@ class _Reader:
         position = {id(e): float(i) for i, e in enumerate(chain)}
         messages: dict[str, float] = {}
         for e in chain:
-            mid = _message_id(e)
+            mid = e.message_id
             if e.kind == "assistant" and mid is not None:
                 messages.setdefault(mid, position[id(e)])
         placed: list[tuple[float, int, _Entry]] = [(position[id(e)], e.line, e) for e in chain]
@@ -478,40 +482,21 @@ class _Reader:
                 continue
             at = position.get(id(e))
             if at is None:
-                mid = _message_id(e)
+                mid = e.message_id
                 if mid is None or mid not in messages:
                     continue
                 at = messages[mid] + 0.5
                 placed.append((at, e.line, e))
-            for call in _tool_uses(e):
+            for call in e.tool_uses:
                 calls.setdefault(call, at)
         for e in self.entries:
             if e.kind != "user" or e.sidechain or id(e) in position:
                 continue
-            at = min((calls[r] for r in _tool_results(e) if r in calls), default=None)
+            at = min((calls[r] for r in e.tool_results if r in calls), default=None)
             if at is not None:
                 placed.append((at + 0.5, e.line, e))
         placed.sort(key=lambda item: (item[0], item[1]))
         return [e for _, _, e in placed]
-
-
-def _message_id(entry: _Entry) -> str | None:
-    mid = entry.message.get("id") if entry.message is not None else None
-    return mid if isinstance(mid, str) else None
-
-
-def _tool_uses(entry: _Entry) -> set[str]:
-    blocks = _blocks(entry.message.get("content")) if entry.message is not None else []
-    return {b["id"] for b in blocks if b.get("type") == "tool_use" and isinstance(b.get("id"), str)}
-
-
-def _tool_results(entry: _Entry) -> set[str]:
-    blocks = _blocks(entry.message.get("content")) if entry.message is not None else []
-    return {
-        b["tool_use_id"]
-        for b in blocks
-        if b.get("type") == "tool_result" and isinstance(b.get("tool_use_id"), str)
-    }
 
 
 def _blocks(content: Any) -> list[Mapping[str, Any]]:
@@ -520,13 +505,31 @@ def _blocks(content: Any) -> list[Mapping[str, Any]]:
     return [b for b in content if isinstance(b, Mapping)] if isinstance(content, list) else []
 
 
-def _original(entry: _Entry) -> Original | None:
-    """The evidence an entry carries, or None for entries that are not evidence."""
-    if entry.meta or entry.kind not in ("user", "assistant") or entry.message is None:
-        return None
+def _read_message(entry: _Entry, message: Mapping[str, Any], *, meta: bool) -> None:
+    """Keep what the chain and the decision need of a message: ids, evidence, token counts."""
+    mid = message.get("id")
+    entry.message_id = mid if isinstance(mid, str) else None
+    blocks = _blocks(message.get("content"))
+    entry.tool_uses = tuple(
+        b["id"] for b in blocks if b.get("type") == "tool_use" and isinstance(b.get("id"), str)
+    )
+    entry.tool_results = tuple(
+        b["tool_use_id"]
+        for b in blocks
+        if b.get("type") == "tool_result" and isinstance(b.get("tool_use_id"), str)
+    )
+    entry.tokens = _tokens(message) if entry.kind == "assistant" else 0
+    if entry.summary:
+        entry.summary_text = _clean(content_of(message) or "")
+    elif not meta:
+        entry.original = _original(entry, blocks)
+
+
+def _original(entry: _Entry, blocks: list[Mapping[str, Any]]) -> Original | None:
+    """The evidence a message carries (isMeta entries and thinking blocks are not evidence)."""
     texts: list[str] = []
     kind = "ai_turn" if entry.kind == "assistant" else "user_turn"
-    for block in _blocks(entry.message.get("content")):
+    for block in blocks:
         if block.get("type") == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
         elif block.get("type") == "tool_use":
@@ -541,8 +544,8 @@ def _original(entry: _Entry) -> Original | None:
     return Original(f"claude:{entry.session}:{entry.uuid}", kind, text)
 
 
-def _tokens(entry: _Entry) -> int:
-    usage = entry.message.get("usage") if entry.message is not None else None
+def _tokens(message: Mapping[str, Any]) -> int:
+    usage = message.get("usage")
     if not isinstance(usage, Mapping):
         return 0
     keys = (
@@ -578,17 +581,15 @@ def _segments(reader: _Reader, chain: list[_Entry], gap: str | None) -> Transcri
             if segments[-1].summary is not None:
                 segments[-1].unread.append(f"line {entry.line}: a second compaction summary")
                 continue
-            text = _clean(content_of(entry.message) or "") if entry.message else ""
+            text = entry.summary_text
             if not text.strip():
                 segments[-1].unread.append(f"line {entry.line}: a compaction summary without text")
                 continue
             segments[-1].summary = (f"claude:{entry.session}:{entry.uuid}", text)
             continue
-        if entry.kind == "assistant":
-            tokens = _tokens(entry) or tokens
-        original = _original(entry)
-        if original is not None:
-            segments[-1].originals.append(original)
+        tokens = entry.tokens or tokens
+        if entry.original is not None:
+            segments[-1].originals.append(entry.original)
     for number, segment in enumerate(segments):
         if segment.boundary and segment.summary is None and not segment.unread:
             where = "the compaction" if number == 0 else f"compaction {number}"
@@ -620,8 +621,12 @@ def _regions(guard: Guard, transcript: Transcript, window: str) -> list[Region]:
             else:  # no history for it in this transcript: known from an earlier run, or untraced
                 known = guard.ledger.resolve(text, window).region
                 parts.append(known if known.depth > 0 else untraced_summary(text))
+        held = guard.ledger.store.live([o.source_id for o in segment.originals])
         for original in segment.originals:
-            source = guard.record_source(original.text, original.kind, original.source_id)
+            if original.source_id in held:  # archived by an earlier run: not written again
+                source = Source(original.source_id, original.kind)
+            else:
+                source = guard.record_source(original.text, original.kind, original.source_id)
             parts.append(Region.original(original.text, [source], region_id=source.id))
         previous = Region.merge(parts, f"{window}#segment-{number}")
     return parts
