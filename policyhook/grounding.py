@@ -343,7 +343,7 @@ _LETTER_DIGIT_RE = re.compile(r"[A-Za-z]+\d+[A-Za-z\d]*")
 _CAMEL_RE = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # not frozen: a frozen __init__ costs 3x on hot paths
 class Fact:
     """One checkable fact: its kind, its normalised value, and (for numbers) its context words.
 
@@ -511,7 +511,9 @@ def _scan(text: str) -> Iterator[Fact]:
             continue
         raw_chunk = chunk.group()
         core = raw_chunk.strip(_PUNCT)
-        if core.isalpha() and (core.islower() or core[1:].islower()):
+        if len(core) < 2 and not core.isdigit():
+            continue
+        if core.isalpha() and (core.islower() or core[1:].islower() or core.isupper()):
             low = core.lower()
             if low in _WORD_NUMBERS:
                 at = start + raw_chunk.find(core)
@@ -692,7 +694,10 @@ class FactIndex:
         words = _WORDS_RE.findall(text)
         for w in set(words):
             put("t" + w, source_id)
-        self._norm[source_id] = " " + " ".join(words).lower() + " "
+        lowered = " ".join(words).lower()
+        for w in set(lowered.split()):
+            put("w" + w, source_id)
+        self._norm[source_id] = " " + lowered + " "
         assigned = []
         for fact in _scan(text):
             self._add_fact(fact, (source_id,))
@@ -756,9 +761,14 @@ class FactIndex:
         if fact.kind == "quote":
             # verbatim up to case, spacing and punctuation, in one source; quotes are few, so
             # looking through the sources' words (kept normalised) costs less than indexing them
-            needle = " " + fact.value + " "
             found.update(get("q:" + fact.value, ()))
-            found.update(sid for sid, words in self._norm.items() if needle in words)
+            needle = " " + fact.value + " "
+            candidates: set[str] | None = None
+            for w in sorted(set(fact.value.split()), key=len, reverse=True)[:3]:
+                ids = get("w" + w, set())
+                candidates = ids if candidates is None else candidates & ids
+            norm = self._norm
+            found.update(s for s in candidates or () if s in norm and needle in norm[s])
             return frozenset(found)
         found.update(get(fact.kind[0] + ":" + fact.value, ()))
         found.update(get("t" + fact.value, ()))
@@ -890,7 +900,7 @@ def _check(
     carried: FactIndex | None,
     pinned: Iterable[str],
 ) -> Grounding:
-    is_live = (lambda _sid: True) if live is None else live.__contains__
+    live_set = None if live is None else live if isinstance(live, (set, frozenset)) else set(live)
     sources: dict[Fact, frozenset[str]] = {}
     dead: dict[Fact, frozenset[str]] = {}
     unverifiable: list[Fact] = []
@@ -899,7 +909,7 @@ def _check(
         ids = index.sources_of(fact)
         if carried is not None:
             ids = ids | carried.sources_of(fact)
-        alive = frozenset(s for s in ids if is_live(s))
+        alive = ids if live_set is None else ids & live_set
         if alive:
             sources[fact] = alive
         elif ids:
@@ -907,7 +917,7 @@ def _check(
             unverifiable.append(fact)
         else:
             ungrounded.append(fact)
-    live_ids = list(index._texts) if live is None else [s for s in live if s in index]
+    live_ids = index._texts if live_set is None else live_set
     key_facts = [f for f, _ in index.assigned_facts(live_ids)]
     for text in pinned:
         key_facts.extend(extract(text))
@@ -919,7 +929,7 @@ def _check(
         unverifiable=tuple(unverifiable),
         ungrounded=tuple(ungrounded),
         dropped=dropped,
-        key_facts=len(set(key_facts)),
+        key_facts=len(key_facts),
         dead=dead,
     )
 
@@ -946,9 +956,12 @@ class _Carried:
 
     def __contains__(self, fact: Fact) -> bool:
         if fact.kind == "number":
-            empty: set[str] = set()
-            words = self.numbers.get(fact.value, empty) | self.numbers.get("#" + fact.bare, empty)
-            if fact.value in self.numbers and not (fact.context and words):
+            by_value = self.numbers.get(fact.value)
+            by_bare = self.numbers.get("#" + fact.bare)
+            if by_value is None and by_bare is None:
+                return False
+            words = (by_value or set()) | (by_bare or set())
+            if by_value is not None and not (fact.context and words):
                 return True  # a number with a unit and no words: kept by value and unit
             return not words.isdisjoint(fact.context)
         if fact.kind == "hash":
