@@ -5,6 +5,8 @@ summarize call, whether the region about to be summarized can still be re-derive
 sources, and refuses loudly (`UnsafeRecompactionError`) when it cannot.
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from policyhook._postgres import PostgresStore
 from policyhook._redis import RedisStore
 from policyhook.decisionlog import DecisionLog
@@ -19,6 +21,11 @@ from policyhook.loader import load, load_default
 from policyhook.policy import Decision, PolicySet
 from policyhook.provenance import Ledger, Region, Source
 from policyhook.stores import MemoryStore, SQLiteStore, Store
+
+try:
+    __version__ = version("policyhook")
+except PackageNotFoundError:  # pragma: no cover - a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "Decision",
@@ -38,6 +45,7 @@ __all__ = [
     "Store",
     "StoreUnavailableError",
     "UnsafeRecompactionError",
+    "__version__",
     "load",
     "load_default",
     "request",

@@ -61,13 +61,14 @@ def _claude_precompact(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    from policyhook import authoring
+    from policyhook import __version__, authoring
 
     top = argparse.ArgumentParser(
         prog="policyhook",
         description="Gate context-compaction calls with CEL policies over provenance.",
         epilog="Exit codes: 0 ok, 1 problem found, 2 usage or input error.",
     )
+    top.add_argument("--version", action="version", version=f"policyhook {__version__}")
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = commands.add_parser(

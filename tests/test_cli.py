@@ -234,3 +234,14 @@ class TestDemoExport:
 
         assert main(["demo", "--otlp"]) == 2
         assert 'pip install "policyhook[otlp]"' in capsys.readouterr().err
+
+
+def test_version_is_the_installed_distribution_version() -> None:
+    """`policyhook --version` and `policyhook.__version__` both give the package metadata version."""
+    from importlib.metadata import version
+
+    import policyhook
+
+    assert policyhook.__version__ == version("policyhook")
+    result = cli("--version")
+    assert (result.returncode, result.stdout) == (0, f"policyhook {version('policyhook')}\n")
