@@ -295,7 +295,10 @@ class Ledger:
             source_kinds=tuple(sorted(region.source_kinds)),
             window=window,
         )
-        entry = self.store.put_summary(entry, text)
+        stored = self.store.put_summary(entry, text)
+        if stored is None:  # a store that does not return the merged record: read it back
+            stored = self.store.lookup([key]).get(key)
+        entry = stored if stored is not None else entry
         with self._lock:
             self._learn(entry, data)
             if window in self._windows:

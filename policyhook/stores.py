@@ -52,11 +52,12 @@ class Store(Protocol):
     def states(self, source_ids: Collection[str]) -> dict[str, State]:
         """Each known id's state, in one lookup; ids never put are left out (unknown)."""
 
-    def put_summary(self, entry: Entry, text: str) -> Entry:
+    def put_summary(self, entry: Entry, text: str) -> Entry | None:
         """Remember a granted summary (normalised `entry`) of `entry.window`, with its text.
 
         A text recorded again is merged with its earlier record (`Entry.merged`: provenance only
-        grows), atomically; returns the entry as stored."""
+        grows), atomically; returns the entry as stored, or None (then the ledger reads it back
+        with `lookup`, one more round trip)."""
 
     def lookup(self, digests: Collection[str]) -> dict[str, Entry]:
         """The entries of the texts with these digests (sources, evicted ones too, and
