@@ -22,11 +22,12 @@ import json
 import re
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from policyhook.adapters.claude_code import read_transcript
 from policyhook.grounding import FactIndex, check, extract
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,35 +57,15 @@ def row(name: str, samples: list[float], base: float | None = None) -> str:
     return f"| {name} | {med:,.0f} | {mean:,.0f} | {p99:,.0f} | {ratio} |"
 
 
-def _content(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    parts = []
-    for block in content if isinstance(content, list) else []:
-        if not isinstance(block, dict):
-            continue
-        if block.get("type") == "text":
-            parts.append(str(block.get("text", "")))
-        elif block.get("type") == "tool_use":
-            parts.append(json.dumps(block.get("input", {}), sort_keys=True))
-        elif block.get("type") == "tool_result":
-            parts.append(_content(block.get("content")))
-    return "\n".join(parts)
-
-
 def session(name: str) -> tuple[list[tuple[str, str]], str]:
-    """(source id, text) of the history before the boundary, and the compaction summary."""
-    history: list[tuple[str, str]] = []
-    with gzip.open(FIXTURES / f"{name}.jsonl.gz", "rt", encoding="utf-8") as lines:
-        for line in lines:
-            entry = json.loads(line)
-            if entry.get("isCompactSummary"):
-                return history, _content(entry["message"]["content"])
-            if entry.get("type") in ("user", "assistant") and not entry.get("isSidechain"):
-                text = _content(entry["message"].get("content"))
-                if text.strip():
-                    history.append((entry["uuid"], text))
-    raise SystemExit(f"{name}: no compaction summary")
+    """(source id, text) of the history before the boundary, and the compaction summary, read
+    with the Claude Code hook's transcript reader."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"{name}.jsonl"
+        path.write_bytes(gzip.decompress((FIXTURES / f"{name}.jsonl.gz").read_bytes()))
+        history, compacted = read_transcript(path).segments
+    assert compacted.summary is not None
+    return [(o.source_id, o.text) for o in history.originals], compacted.summary[1]
 
 
 def take(history: list[tuple[str, str]], chars: int) -> list[tuple[str, str]]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from policyhook.adapters.claude_code import read_transcript
 from policyhook.grounding import KINDS, Fact, FactIndex, Grounding, check, cite, extract
 
 FIXTURES = Path(__file__).parent / "fixtures" / "grounding"
@@ -371,35 +372,18 @@ class TestCorpus:
             assert set(case["corrupted"]) == set(CORRUPTIONS), case["id"]
 
 
-def _content(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    parts = []
-    for block in content if isinstance(content, list) else []:
-        if not isinstance(block, dict):
-            continue
-        if block.get("type") == "text":
-            parts.append(str(block.get("text", "")))
-        elif block.get("type") == "tool_use":
-            parts.append(json.dumps(block.get("input", {}), sort_keys=True))
-        elif block.get("type") == "tool_result":
-            parts.append(_content(block.get("content")))
-    return "\n".join(parts)
-
-
-def real_session(name: str) -> tuple[FactIndex, str]:
-    """The history before the compaction boundary (one source per entry) and the summary."""
+def real_session(name: str, tmp: Path) -> tuple[FactIndex, str]:
+    """The history before the compaction boundary (one source per original) and the summary,
+    read with the Claude Code hook's own transcript reader."""
+    path = tmp / f"{name}.jsonl"
+    path.write_bytes(gzip.decompress((FIXTURES / f"{name}.jsonl.gz").read_bytes()))
+    transcript = read_transcript(path)
+    history, compacted = transcript.segments
+    assert compacted.summary is not None and not history.unread
     idx = FactIndex()
-    with gzip.open(FIXTURES / f"{name}.jsonl.gz", "rt", encoding="utf-8") as lines:
-        for line in lines:
-            entry = json.loads(line)
-            if entry.get("isCompactSummary"):
-                return idx, _content(entry["message"]["content"])
-            if entry.get("type") in ("user", "assistant") and not entry.get("isSidechain"):
-                text = _content(entry["message"].get("content"))
-                if text.strip():
-                    idx.add(entry["uuid"], text)
-    raise AssertionError(f"{name}: no compaction summary")
+    for original in history.originals:
+        idx.add(original.source_id, original.text)
+    return idx, compacted.summary[1]
 
 
 #: Every finding on the real summaries, each explained in docs/grounding.md.
@@ -455,9 +439,9 @@ REAL_FINDINGS = {
 
 class TestRealSummaries:
     @pytest.mark.parametrize("name", sorted(REAL_FINDINGS))
-    def test_findings_are_exactly_the_explained_ones(self, name: str) -> None:
+    def test_findings_are_exactly_the_explained_ones(self, name: str, tmp_path: Path) -> None:
         """Real Claude Code compaction summaries: every finding is one docs/grounding.md explains."""
-        idx, summary = real_session(name)
+        idx, summary = real_session(name, tmp_path)
         g = check(summary, idx)
         found: dict[tuple[str, str], int] = {}
         for f in g.ungrounded:
@@ -466,9 +450,9 @@ class TestRealSummaries:
         assert g.unverifiable == ()
 
     @pytest.mark.parametrize("name", sorted(REAL_FINDINGS))
-    def test_most_facts_are_grounded(self, name: str) -> None:
+    def test_most_facts_are_grounded(self, name: str, tmp_path: Path) -> None:
         """The summaries are faithful first passes: identifiers and URLs all rest on the history."""
-        idx, summary = real_session(name)
+        idx, summary = real_session(name, tmp_path)
         s = check(summary, idx).summary()
         assert s["facts"] > 200 and s["grounded_ratio"] > 0.8
         assert s["ungrounded_counts"]["identifier"] == 0 and s["ungrounded_counts"]["url"] == 0
