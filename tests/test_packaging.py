@@ -66,7 +66,7 @@ def test_wheel_ships_every_module_and_data_file(dist: Path) -> None:
 
 
 def test_wheel_declares_the_command_and_the_license(dist: Path) -> None:
-    """The wheel installs the `policyhook` command and says its license."""
+    """The wheel installs the `policyhook` command and carries its license, Apache-2.0 in full."""
     (wheel,) = dist.glob("policyhook-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         info = {Path(n).name: n for n in archive.namelist() if ".dist-info/" in n}
@@ -74,6 +74,12 @@ def test_wheel_declares_the_command_and_the_license(dist: Path) -> None:
         metadata = Parser().parsestr(archive.read(info["METADATA"]).decode())
     assert "policyhook = policyhook.cli:main" in entry_points
     assert metadata["License-Expression"] == "Apache-2.0"
+    assert metadata["License-File"] == "LICENSE"
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = archive.read(
+            next(n for n in archive.namelist() if n.endswith("licenses/LICENSE"))
+        )
+    assert shipped == (ROOT / "LICENSE").read_bytes()
 
 
 def test_sdist_ships_every_module_and_data_file(dist: Path) -> None:
@@ -85,6 +91,7 @@ def test_sdist_ships_every_module_and_data_file(dist: Path) -> None:
     wanted = source_files() | {
         "pyproject.toml",
         "README.md",
+        "LICENSE",
         "policies/strict/strict.yaml",
         "tests/fixtures/claude/compacted.jsonl",
     }
