@@ -233,8 +233,11 @@ class Guard:
         self._listeners = tuple(x for x in self._listeners if x is not listener)
 
     def record_source(self, text: str, kind: str, source_id: str | None = None) -> Source:
-        """Register original evidence (config read, tool output, user turn) before it is evicted."""
-        return self.ledger.record_source(text, kind, source_id)
+        """Register original evidence (config read, tool output, user turn) before it is evicted.
+
+        A text quoting known summaries keeps their provenance (see `Ledger.record_source`).
+        """
+        return self.ledger.record_source(text, kind, source_id, window=_request().window)
 
     # -- decorating -----------------------------------------------------------------------------
 

@@ -161,6 +161,16 @@ class Region:
         )
 
     @classmethod
+    def of_source(cls, source: Source, chars: int = 0) -> Region:
+        """The region of original evidence held under `source`: the one constructor of it."""
+        return cls(
+            id=source.id,
+            sources=frozenset({source.id}),
+            source_kinds=frozenset({source.kind}),
+            chars=chars,
+        )
+
+    @classmethod
     def merge(cls, parts: Iterable[Region], region_id: str) -> Region:
         """The region made of `parts` side by side: deepest part's depth, union of sources."""
         parts = tuple(parts)
@@ -258,17 +268,65 @@ class Ledger:
 
     # -- recording ------------------------------------------------------------------------------
 
-    def record_source(self, text: str, kind: str, source_id: str | None = None) -> Source:
-        """Put original evidence in the store, so that summaries resting on it stay derivable."""
+    def record_source(
+        self, text: str, kind: str, source_id: str | None = None, *, window: str = "default"
+    ) -> Source:
+        """Put original evidence in the store, so that summaries resting on it stay derivable.
+
+        Returns the `Source` stored (id: `source_id`, or one derived from kind and text). A text
+        that contains known summaries (a turn quoting one) keeps their provenance: it is recorded
+        as summary-bearing, with their depth, resting on them and on the new source's id, in
+        `window` (see docs/inputs.md). A text already known as a summary stays that summary, the
+        new source added to what it rests on. Otherwise it is plain evidence on its own id.
+        """
         if not isinstance(text, str):
             raise TypeError(f'"text" must be a str: {type(text).__name__}')
         if not kind:
             raise ValueError('"kind" must be a non-empty string, e.g. "config_read"')
         source = Source(id=source_id or self.text_id(kind, text), kind=kind)
+        data = encode(text)
+        carried = self._carried(text, data, source, window)
         self.store.put_source(source, text)
         with self._lock:
-            self._learn(Entry.of_source(self._key, source, text), encode(text))
+            self._learn(Entry.of_source(self._key, source, text), data)
+        if carried is not None:  # after put_source, which records the text as plain evidence
+            entry = self.store.put_summary(carried, text)
+            with self._lock:
+                self._learn(entry, data)
+                if window in self._windows:
+                    self._windows[window] = max(self._windows[window], entry.depth)
         return source
+
+    def _carried(self, text: str, data: bytes, source: Source, window: str) -> Entry | None:
+        """The entry `text` must keep once registered under `source`, if it bears summaries."""
+        with self._lock:
+            key = digest(self._key, data)
+            self._fetch([key])
+            known = self._entries.get(key)
+            if known is not None and known.depth > 0:  # a summary's own text: keep its id
+                return replace(
+                    known,
+                    sources=tuple(sorted({*known.sources, source.id})),
+                    source_kinds=tuple(sorted({*known.source_kinds, source.kind})),
+                )
+            found = self._resolve([text])
+            if found.region.depth == 0:
+                return None
+            parents, direct = self._made_of[found.region.id]
+            gaps = {gap for gap, _ in found.unregistered}  # held by the new source itself
+            kinds = found.region.source_kinds - ({UNREGISTERED} if gaps else set())
+        return Entry(
+            digest=key,
+            id=source.id,
+            depth=found.region.depth,
+            kind=source.kind,
+            size=len(data),
+            anchor=anchor_of(self._key, data),
+            parents=parents,
+            sources=tuple(sorted((direct - gaps) | {source.id})),
+            source_kinds=tuple(sorted(kinds | {source.kind})),
+            window=window,
+        )
 
     def record_summary(self, text: str, summarized: Region, window: str) -> Region:
         """Remember a granted summary's output, so it is recognised when it comes back."""
@@ -458,13 +516,8 @@ class Ledger:
                 self._remember(entry)
 
     def _region(self, entry: Entry, chars: int, closures: dict[str, frozenset[str]]) -> Region:
-        if entry.depth == 0:
-            return Region(
-                id=entry.id,
-                sources=frozenset(entry.sources),
-                source_kinds=frozenset(entry.source_kinds),
-                chars=chars,
-            )
+        if entry.depth == 0:  # a source's entry rests on itself alone
+            return Region.of_source(Source(entry.id, entry.kind), chars)
         sources = closures.get(entry.id)
         if sources is None:
             sources = closures[entry.id] = self._rests_on(entry)
@@ -505,16 +558,9 @@ class Ledger:
             text = data.decode("utf-8", "surrogatepass")
         if not text.strip():
             return
-        source_id = f"{UNREGISTERED}:{(key or digest(self._key, data))[:16]}"
-        unregistered.append((source_id, text))
-        parts.append(
-            Region(
-                id=source_id,
-                sources=frozenset({source_id}),
-                source_kinds=frozenset({UNREGISTERED}),
-                chars=len(text),
-            )
-        )
+        source = Source(f"{UNREGISTERED}:{(key or digest(self._key, data))[:16]}", UNREGISTERED)
+        unregistered.append((source.id, text))
+        parts.append(Region.of_source(source, len(text)))
 
     def max_depth(self, window: str) -> int:
         """The deepest summary recorded in the window: O(1)."""

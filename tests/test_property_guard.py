@@ -3,7 +3,7 @@
 Hypothesis builds nestings of every shape the guard reads (str, lists and tuples, LangChain
 messages, OpenAI and Anthropic message dicts and SDK objects, content blocks as dicts and objects,
 tool calls and tool results, opaque blocks) around known texts: recorded summaries whose source is
-live or evicted, registered sources and new text, sometimes with a part the guard cannot read.
+live or evicted, registered texts quoting those summaries, registered sources and new text, sometimes with a part the guard cannot read.
 Each example is checked twice, through `guard.check` and through a decorated summarizer, under the
 default policy and every installed CEL backend. Fixed budget, derandomized: CI stays bounded.
 """
@@ -34,6 +34,8 @@ SUMMARIES = {
     'Summary: the retry "ceiling" is seven — billing config ✓': False,
     "Summary: deploys run\nbetween two and four at night (UTC)": True,
 }
+#: Registered texts (ai_turn) quoting a summary: they carry its provenance (issue 10 item 5).
+QUOTING = {f"Assistant: as summarized, {text}": dead for text, dead in SUMMARIES.items()}
 FRESH = ["a new user turn about the deploy", "tool output: 3 files changed", "ok", "\ud83d cut"]
 PRESSURE = settings(
     max_examples=150,
@@ -69,10 +71,11 @@ def combine(value: Any, parts: list[Built]) -> Built:
 
 @st.composite
 def leaf_text(draw: st.DrawFn) -> Built:
-    kind = draw(st.sampled_from(["summary", "source", "fresh"]))
-    if kind == "summary":
-        text = draw(st.sampled_from(sorted(SUMMARIES)))
-        dead, summary = SUMMARIES[text], True
+    kind = draw(st.sampled_from(["summary", "quoting", "source", "fresh"]))
+    if kind in ("summary", "quoting"):
+        known = SUMMARIES if kind == "summary" else QUOTING
+        text = draw(st.sampled_from(sorted(known)))
+        dead, summary = known[text], True
     else:
         text = draw(st.sampled_from(sorted(SOURCES.values()) if kind == "source" else FRESH))
         dead = summary = False
@@ -196,6 +199,8 @@ def guard(backend: cel.Backend) -> Guard:
     for summary, dead in SUMMARIES.items():
         source = "cfg-dead" if dead else "cfg-live"
         guard(returning(summary), summarizer="setup")(SOURCES[source])
+    for text in QUOTING:
+        guard.record_source(text, "ai_turn")
     guard.store.evict("cfg-dead")
     return guard
 

@@ -406,3 +406,86 @@ class TestEdgeValidation:
         """A valid count reaches the policy as region.tokens."""
         guard = Guard(store=MemoryStore(), count_tokens=lambda text: 2**63 - 1)
         assert decide(guard, "some text")[1]["tokens"] == 2**63 - 1
+
+
+class TestRegisteredTextKeepsProvenance:
+    def test_registered_turn_quoting_a_dead_summary_is_still_refused(self, guard: Guard) -> None:
+        """record_source("Assistant: " + s1) is a depth-1 region on s1's sources and its own id:
+        the dead summary inside is not laundered into evidence (issue 10 item 5)."""
+        turn = guard.record_source("Assistant: " + SUMMARY, kind="ai_turn", source_id="turn-1")
+        guard.store.evict("cfg")
+        effect, region = decide(guard, "Assistant: " + SUMMARY)
+        assert (effect, region["depth"], region["sources"]) == ("deny", 1, ["cfg", turn.id])
+        assert region["dead_sources"] == ["cfg"]
+        messages = [HumanMessage("next question"), AIMessage("Assistant: " + SUMMARY)]
+        assert decide(guard, messages)[0] == "deny"
+
+    def test_registered_after_the_source_is_gone(self, guard: Guard) -> None:
+        """Registering the quoting text after the eviction gives the same answer."""
+        guard.store.evict("cfg")
+        guard.record_source("Assistant: " + SUMMARY, kind="ai_turn")
+        assert decide(guard, "Assistant: " + SUMMARY)[0] == "deny"
+
+    def test_summary_registered_as_a_source_stays_a_summary(self, guard: Guard) -> None:
+        """Registering a summary's exact text as a source keeps its depth and sources."""
+        source = guard.record_source(SUMMARY, kind="ai_turn", source_id="msg-9")
+        region = decide(guard, SUMMARY)[1]
+        assert (region["depth"], region["sources"]) == (1, ["cfg", source.id])
+
+    def test_summaries_of_it_rest_on_both(self, guard: Guard) -> None:
+        """Summarizing the quoting text is one pass deeper, resting on s1's sources and its own."""
+        turn = guard.record_source("Assistant: " + SUMMARY, kind="ai_turn", source_id="turn-1")
+        s2 = guard(returning("Summary of the turn: retries capped at seven"), summarizer="s")(
+            "Assistant: " + SUMMARY
+        )
+        region = decide(guard, s2)[1]
+        assert (region["depth"], region["sources"]) == (2, ["cfg", turn.id])
+        guard.store.evict(turn.id)
+        assert decide(guard, s2)[0] == "deny"
+
+    def test_text_without_a_summary_rests_on_itself_only(self, guard: Guard) -> None:
+        """Plain evidence is unchanged: depth 0, its own id. Quoting a registered source adds
+        nothing, because the new source holds that text verbatim: evicting the quoted one does
+        not refuse summaries of it."""
+        source = guard.record_source(f"tool output, quoting: {CONFIG}", kind="tool_output")
+        guard.store.evict("cfg")
+        effect, region = decide(guard, f"tool output, quoting: {CONFIG}")
+        assert (effect, region["depth"], region["sources"]) == ("allow", 0, [source.id])
+
+    def test_survives_a_restart(self, tmp_path: Any) -> None:
+        """A registered text's carried provenance is stored with it: a new process on the same
+        SQLite store still refuses it."""
+        from policyhook.stores import SQLiteStore
+
+        path = tmp_path / "store.db"
+        with SQLiteStore(path) as store:
+            first = Guard(store=store)
+            first.record_source(CONFIG, "config_read", "cfg")
+            first(returning(SUMMARY), summarizer="s")(CONFIG)
+            first.record_source("Assistant: " + SUMMARY, kind="ai_turn", source_id="turn-1")
+            store.evict("cfg")
+        with SQLiteStore(path) as store:
+            effect, region = decide(Guard(store=store), "Assistant: " + SUMMARY)
+        assert (effect, region["depth"], region["dead_sources"]) == ("deny", 1, ["cfg"])
+
+    def test_registering_a_summary_keeps_summaries_made_from_it(self, tmp_path: Any) -> None:
+        """Registering s1's exact text as a source (an adapter archiving every message) must not
+        turn s1's stored record into plain evidence: s2, made from s1 and a live source, still
+        rests on s1's dead source, in a new process on the same SQLite store too."""
+        from policyhook.stores import SQLiteStore
+
+        path = tmp_path / "store.db"
+        s2 = "Summary two: ceiling seven, and notifications go to #ops as configured"
+        with SQLiteStore(path) as store:
+            first = Guard(store=store)
+            first.record_source(CONFIG, "config_read", "cfg")
+            notify = "tool(notify): channel #ops configured, retries 3"
+            first.record_source(notify, "tool_output", "notify")
+            first(returning(SUMMARY), summarizer="s")(CONFIG)
+            first(returning(s2), summarizer="s")([SUMMARY, notify])
+            first.record_source(SUMMARY, kind="ai_turn", source_id="msg-1")
+            store.evict("cfg")
+            assert decide(first, s2)[1]["dead_sources"] == ["cfg"]
+        with SQLiteStore(path) as store:
+            effect, region = decide(Guard(store=store), s2)
+        assert (effect, region["depth"], region["dead_sources"]) == ("deny", 2, ["cfg"])
