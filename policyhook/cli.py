@@ -60,6 +60,12 @@ def _claude_precompact(args: argparse.Namespace) -> int:
     return precompact(args.rest)
 
 
+def _claude_postcompact(args: argparse.Namespace) -> int:
+    from policyhook.adapters.claude_postcompact import main as postcompact
+
+    return postcompact(args.rest)
+
+
 def parser() -> argparse.ArgumentParser:
     from policyhook import __version__, authoring
 
@@ -99,6 +105,13 @@ def parser() -> argparse.ArgumentParser:
     )
     claude.add_argument("rest", nargs=argparse.REMAINDER)
     claude.set_defaults(run=_claude_precompact)
+    post = commands.add_parser(
+        "claude-postcompact",
+        help="Claude Code PostCompact and SessionStart(compact) hook: checks the summary's facts",
+        add_help=False,
+    )
+    post.add_argument("rest", nargs=argparse.REMAINDER)
+    post.set_defaults(run=_claude_postcompact)
     return top
 
 
@@ -108,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Its options are its own: argparse.REMAINDER rejects a leading "--store", and argparse's
         # exit code 2 would tell Claude Code to block the compaction.
         return _claude_precompact(argparse.Namespace(rest=argv[1:]))
+    if argv[:1] == ["claude-postcompact"]:
+        return _claude_postcompact(argparse.Namespace(rest=argv[1:]))
     args = parser().parse_args(argv)
     code: int = args.run(args)
     return code

@@ -1,0 +1,257 @@
+"""Claude Code `PostCompact` + `SessionStart` hook: `policyhook claude-postcompact`.
+
+Claude Code cannot be stopped after it compacts, but the new window can be told what the summary
+claims without a source. One command, registered for two events:
+
+- `PostCompact` (input: `session_id`, `transcript_path`, `trigger`, `compact_summary`): checks
+  every fact of the summary against the history before the compaction, read from the transcript
+  with the PreCompact hook's reader (`policyhook.adapters.claude_code.read_transcript`). Records
+  each fact with its sources (per-fact provenance, one JSON file per session in `--state-dir`,
+  carried into the next compaction of the session) and the findings for the next event. Answers
+  with a `systemMessage` for the user when facts rest on nothing.
+- `SessionStart` with `source: "compact"`: hands those findings to the new window as
+  `additionalContext`: the claims to re-check before relying on them, and the exact key facts
+  of the history the summary dropped, with their source ids, worth pinning.
+
+Exit 0 with nothing on stdout when there is nothing to say. When the check cannot run (bad
+input, unreadable transcript) the hook exits 1 with the reason on stderr (Claude Code shows it
+as a non-blocking error) and the next `SessionStart` says the summary was not checked, so the
+session never continues as if it had been.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from policyhook.adapters.claude_code import HookError, check_writable_path, read_transcript
+from policyhook.grounding import Fact, FactIndex, Grounding, check
+
+__all__ = ["DEFAULT_STATE_DIR", "main", "postcompact", "session_start"]
+
+DEFAULT_STATE_DIR = Path("~/.claude/policyhook/grounding")
+MAX_STDIN_BYTES = 4 * 1024 * 1024
+#: At most this many facts of each list go into the new window's context.
+MAX_LISTED = 20
+MAX_DROPPED = 10
+EXIT_OK, EXIT_ERROR = 0, 1
+
+
+def _fact_record(fact: Fact, sources: frozenset[str]) -> dict[str, Any]:
+    return {
+        "kind": fact.kind,
+        "value": fact.value,
+        "context": sorted(fact.context),
+        "key": fact.key,
+        "text": fact.text,
+        "bare": fact.bare,
+        "sources": sorted(sources),
+    }
+
+
+def _fact(record: Mapping[str, Any]) -> tuple[Fact, frozenset[str]]:
+    fact = Fact(
+        str(record["kind"]),
+        str(record["value"]),
+        frozenset(str(w) for w in record.get("context", ())),
+        key=str(record.get("key", "")),
+        text=str(record.get("text", "")),
+        bare=str(record.get("bare", "")),
+    )
+    return fact, frozenset(str(s) for s in record.get("sources", ()))
+
+
+class _State:
+    """The session's file: provenance of every checked summary, and findings not yet handed on."""
+
+    def __init__(self, directory: Path, session: str) -> None:
+        name = hashlib.sha256(session.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        self.path = directory.expanduser() / f"{name}.json"
+
+    def load(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {"summaries": {}, "pending": None}
+        except (OSError, ValueError) as exc:
+            raise HookError(f"cannot read grounding state {self.path}: {exc}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("summaries"), dict):
+            raise HookError(f"grounding state {self.path} is not a policyhook state file")
+        return data
+
+    def save(self, data: Mapping[str, Any]) -> None:
+        """Written to a temporary file and renamed: a crash never leaves half a state file."""
+        check_writable_path(self.path, "grounding state")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                json.dump(data, out)
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def _history(transcript_path: Path, session: str, summary: str) -> list[tuple[str, str]]:
+    """(source id, text) of every original before the compaction that wrote `summary`."""
+    segments = read_transcript(transcript_path, session=session).segments
+    wanted = summary.strip()
+    end = len(segments)  # Claude Code may not have written the new boundary yet: all of it
+    for i, segment in enumerate(segments):
+        if segment.summary is not None and wanted and wanted in segment.summary[1]:
+            end = i
+    return [(o.source_id, o.text) for s in segments[:end] for o in s.originals]
+
+
+def postcompact(hook_input: Mapping[str, Any], state_dir: Path) -> Grounding:
+    """Check the summary of a `PostCompact` hook input; record provenance and findings."""
+    session = hook_input.get("session_id")
+    path = hook_input.get("transcript_path")
+    summary = hook_input.get("compact_summary")
+    for name, value in (("session_id", session), ("transcript_path", path)):
+        if not isinstance(value, str) or not value:
+            raise HookError(f"hook input field {name!r} must be a non-empty string: {value!r}")
+    if not isinstance(summary, str):
+        raise HookError(f"hook input field 'compact_summary' must be a string: {summary!r}")
+    assert isinstance(session, str) and isinstance(path, str)
+    state = _State(state_dir, session)
+    data = state.load()
+    try:
+        history = _history(Path(path).expanduser(), session, summary)
+        index = FactIndex()
+        for source_id, text in history:
+            index.add(source_id, text)
+        carried = FactIndex()
+        for records in data["summaries"].values():
+            carried.add_facts(_fact(r) for r in records if isinstance(r, Mapping))
+        result = check(summary, index, {sid for sid, _ in history}, carried=carried)
+    except HookError as exc:
+        data["pending"] = {"error": str(exc)}
+        state.save(data)
+        raise
+    digest = hashlib.sha256(summary.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    data["summaries"][digest] = [_fact_record(f, ids) for f, ids in result.provenance()]
+    data["pending"] = _findings(result)
+    state.save(data)
+    return result
+
+
+def _findings(result: Grounding) -> dict[str, Any]:
+    def listed(facts: Sequence[Fact], limit: int) -> list[dict[str, str]]:
+        shown = dict.fromkeys((f.kind, str(f)) for f in facts)  # once per kind and text
+        return [{"kind": kind, "text": text} for kind, text in list(shown)[:limit]]
+
+    return {
+        "summary": result.summary(),
+        "ungrounded": listed(result.ungrounded, MAX_LISTED),
+        "unverifiable": listed(result.unverifiable, MAX_LISTED),
+        "dropped": listed(result.dropped, MAX_DROPPED),
+    }
+
+
+def _context(pending: Mapping[str, Any]) -> str:
+    """The text the new window gets: what to re-check, what to keep verbatim."""
+    if "error" in pending:
+        return (
+            "policyhook could not check the compaction summary against the history before it "
+            f"({pending['error']}). Treat its numbers, paths and identifiers as unverified."
+        )
+    s = pending["summary"]
+    lines = [
+        f"policyhook checked the compaction summary: {s['grounded']} of {s['facts']} facts "
+        "appear in the history before the compaction."
+    ]
+    for key, head in (
+        ("ungrounded", "Not found anywhere in that history (re-check before relying on them):"),
+        ("unverifiable", "Found only in sources no longer available (unverifiable):"),
+        ("dropped", "Key facts of the history the summary left out (verbatim):"),
+    ):
+        items = pending.get(key) or []
+        if items:
+            total = s.get(key, len(items))
+            more = f" ({total - len(items)} more not listed)" if total > len(items) else ""
+            lines.append(head + more)
+            lines.extend(f"- {i['kind']}: {i['text']}" for i in items)
+    return "\n".join(lines)
+
+
+def session_start(hook_input: Mapping[str, Any], state_dir: Path) -> str | None:
+    """The `additionalContext` for a `SessionStart` after a compaction, once; else None."""
+    session = hook_input.get("session_id")
+    if hook_input.get("source") != "compact" or not isinstance(session, str) or not session:
+        return None
+    state = _State(state_dir, session)
+    data = state.load()
+    pending = data.get("pending")
+    if not isinstance(pending, Mapping):
+        return None
+    data["pending"] = None
+    state.save(data)
+    return _context(pending)
+
+
+def _message(result: Grounding) -> str | None:
+    if not result.ungrounded and not result.unverifiable:
+        return None
+    shown = "; ".join(f"{f.kind} {str(f)!r}" for f in result.ungrounded[:5])
+    n = len(result.ungrounded) + len(result.unverifiable)
+    return (
+        f"policyhook: {n} of {len(result.facts)} facts of the compaction summary rest on no "
+        f"source in the history ({shown}{', ...' if n > 5 else ''}); the next window is told."
+    )
+
+
+def _read_input(stdin: TextIO) -> Mapping[str, Any]:
+    raw = stdin.read(MAX_STDIN_BYTES + 1)
+    if len(raw) > MAX_STDIN_BYTES:
+        raise HookError(f"hook input is over {MAX_STDIN_BYTES:,} bytes")
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise HookError(f"hook input is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise HookError(f"hook input must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def main(argv: Sequence[str], stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
+    """Run the hook for one event; see the module docstring for what it answers."""
+    parser = argparse.ArgumentParser(
+        prog="policyhook claude-postcompact",
+        description="Claude Code PostCompact / SessionStart(compact) hook: checks the summary.",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(os.environ.get("POLICYHOOK_GROUNDING_DIR", DEFAULT_STATE_DIR)),
+        help=f"where per-session provenance and findings are kept (default {DEFAULT_STATE_DIR})",
+    )
+    args = parser.parse_args(argv)
+    stdin = stdin or sys.stdin
+    stdout = stdout or sys.stdout
+    try:
+        hook_input = _read_input(stdin)
+        event = hook_input.get("hook_event_name")
+        if event == "SessionStart":
+            text = session_start(hook_input, args.state_dir)
+            if text:
+                output = {"hookEventName": "SessionStart", "additionalContext": text}
+                json.dump({"hookSpecificOutput": output}, stdout)
+            return EXIT_OK
+        if event != "PostCompact":
+            raise HookError(f"expected a PostCompact or SessionStart hook input, got {event!r}")
+        message = _message(postcompact(hook_input, args.state_dir))
+        if message:
+            json.dump({"systemMessage": message}, stdout)
+        return EXIT_OK
+    except (HookError, OSError) as exc:
+        print(f"policyhook claude-postcompact: {exc}", file=sys.stderr)
+        return EXIT_ERROR
