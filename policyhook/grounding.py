@@ -319,7 +319,7 @@ _CHUNK_RE = re.compile(r"\S+")
 _PUNCT = "()[]{}<>\"'`,.;:!?*"
 _CONTEXT_RE = re.compile(r"[A-Za-z_$][\w$]*")
 _BREAK_RE = re.compile(r"\n|[.;!?](?=\s)")
-_LAST_BREAK_RE = re.compile(r"(?:\n|[.;!?]\s)(?!.*(?:\n|[.;!?]\s))", re.DOTALL)
+_SENTENCE_ENDS = (". ", "; ", "! ", "? ", ".\t", ";\t")
 #: Facts of a source a summary should keep: `key: value` numbers and these kinds.
 _KEY_KINDS = frozenset(("version", "hash", "uuid", "ticket"))
 #: A rate after a number: `600 requests per minute`, `2,300 req/s`.
@@ -564,6 +564,16 @@ def _scan(text: str) -> Iterator[Fact]:
     yield from _numbers(text, numbers)
 
 
+def _last_break(segment: str) -> int:
+    """Where the words after the last line or sentence break of `segment` start (0 if none)."""
+    cut = segment.rfind("\n") + 1
+    for mark in _SENTENCE_ENDS:
+        at = segment.rfind(mark, cut)
+        if at >= 0:
+            cut = at + 2
+    return cut
+
+
 def _implied_unit(
     value: str, before: list[tuple[str, str]], after: list[tuple[str, str]], following: str
 ) -> str:
@@ -595,8 +605,8 @@ def _numbers(text: str, numbers: list[tuple[int, int, str, str, str]]) -> Iterat
     for i, (start, end, raw, value, bare) in enumerate(numbers):
         lo = max(prev_end, start - _WINDOW)
         segment = text[lo:start]
-        cut = _LAST_BREAK_RE.search(segment)
-        before = _context(segment[cut.end() :] if cut else segment)[-_BEFORE:]
+        cut = _last_break(segment)
+        before = _context(segment[cut:])[-_BEFORE:]
         unit = value.partition(" ")[2]
         same = unit == prev_unit or not unit or not prev_unit
         if not before and same and text[prev_end:start] in _RANGE_JOINS:
@@ -918,7 +928,8 @@ def _check(
         else:
             ungrounded.append(fact)
     live_ids = index._texts if live_set is None else live_set
-    key_facts = [f for f, _ in index.assigned_facts(live_ids)]
+    assigned = index._assigned
+    key_facts = [f for sid in live_ids for f in assigned.get(sid, ())]
     for text in pinned:
         key_facts.extend(extract(text))
     kept = _Carried(facts)
