@@ -316,7 +316,7 @@ class _NoTelemetry:
     def decided(self, *args: Any, **kwargs: Any) -> None:
         pass
 
-    refused = summarized = reloaded = decided
+    refused = summarized = reloaded = ended = store_failed = decided
 
 
 def _guarded_setup(
@@ -352,7 +352,7 @@ def _guarded_setup(
         meter_provider=meter_provider,
     )
     if telemetry == "none":
-        guard.telemetry = _NoTelemetry()  # type: ignore[assignment]
+        guard._telemetry = _NoTelemetry()  # type: ignore[assignment]
     rng = random.Random(7)
     originals = [words(rng, 300) for _ in range(3)]
     for i, text in enumerate(originals):

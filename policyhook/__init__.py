@@ -16,7 +16,7 @@ from policyhook.errors import (
     StoreUnavailableError,
     UnsafeRecompactionError,
 )
-from policyhook.hook import Guard, Request, request
+from policyhook.hook import Guard, GuardedCall, Request, current_request, request
 from policyhook.loader import load, load_default
 from policyhook.policy import Decision, PolicySet
 from policyhook.provenance import Ledger, Region, Source
@@ -31,6 +31,7 @@ __all__ = [
     "Decision",
     "DecisionLog",
     "Guard",
+    "GuardedCall",
     "Ledger",
     "MemoryStore",
     "PolicyError",
@@ -46,6 +47,7 @@ __all__ = [
     "StoreUnavailableError",
     "UnsafeRecompactionError",
     "__version__",
+    "current_request",
     "load",
     "load_default",
     "request",

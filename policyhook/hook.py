@@ -1,12 +1,14 @@
 """The guard: decides every summarize call before it runs, and remembers what granted calls made.
 
-One call, top to bottom (`Guard._guarding`):
+One call, top to bottom (`Guard.guarding`; the decorator and every adapter go through it):
   input ─▶ ledger.resolve: which known sources / earlier summaries is it made of?
         ─▶ store.live: which of its sources can still be given back? (one lookup)
         ─▶ activation (plain data, no text) ─▶ policies.decide ─▶ Decision
-        ─▶ telemetry + decision log, for every grant and refusal
+        ─▶ telemetry + listeners, for every grant and refusal
         ─▶ deny (enforce): raise UnsafeRecompactionError; nothing runs, nothing is recorded
-        ─▶ otherwise: run the summarizer; its output is recorded as a summary one pass deeper
+        ─▶ otherwise: the caller's block runs the summarizer; `call.record(output)` records its
+           output as a summary one pass deeper (a store failure there is reported, never raised)
+        ─▶ the call ends: its outcome goes on the span, a metric and the decision log
 """
 
 from __future__ import annotations
@@ -22,23 +24,22 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar, cast, overload
 
-from opentelemetry import metrics, trace
-
 from policyhook import _shapes
 from policyhook import activation as schema
 from policyhook.cel import Backend
-from policyhook.decisionlog import DecisionLog
+from policyhook.decisionlog import DecisionLog, Outcome
 from policyhook.errors import UnsafeRecompactionError
 from policyhook.loader import load_default
 from policyhook.policy import Decision, PolicySet
 from policyhook.provenance import Ledger, Region, Resolution, Source
 from policyhook.reload import PolicyWatcher
 from policyhook.stores import MemoryStore, Store
-from policyhook.telemetry import Telemetry
+from policyhook.telemetry import MeterProvider, Span, Telemetry, TracerProvider
 
 _logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 #: The largest CEL int: request fields and token counts beyond it are refused at the call.
 INT64_MAX = 2**63 - 1
 #: Called with every decision and its activation (see `policyhook.testing.capture_decisions`).
@@ -78,6 +79,12 @@ class Request:
 _current_request: ContextVar[Request | None] = ContextVar("policyhook_request", default=None)
 
 
+def current_request() -> Request:
+    """The request guarded calls made here would see: the innermost `request(...)`, or defaults."""
+    current = _current_request.get()
+    return current if current is not None else Request()
+
+
 @contextmanager
 def request(**fields: Any) -> Iterator[Request]:
     """Describe the compaction for guarded calls made in this context (threads and tasks alike).
@@ -92,6 +99,66 @@ def request(**fields: Any) -> Iterator[Request]:
         yield current
     finally:
         _current_request.reset(token)
+
+
+class GuardedCall:
+    """One guarded call in flight: its decision, then the recording of what the summarizer made.
+
+    Made by `Guard.guarding`; the caller runs its summarizer inside the block and hands the output
+    to `record`, which returns what the caller should use. Today that is the output itself; an
+    output-phase check may later refuse it there (raising `UnsafeRecompactionError` with its own
+    decision) or a remedy may replace it, without changing how callers use the seam.
+    """
+
+    def __init__(
+        self,
+        guard: Guard,
+        summarizer: str,
+        request: Request,
+        resolution: Resolution,
+        decision: Decision,
+        activation: Mapping[str, Any],
+        span: Span,
+    ) -> None:
+        self.summarizer = summarizer
+        self.request = request
+        self.decision = decision
+        self._guard = guard
+        self._resolution = resolution
+        self._activation = activation
+        self._span = span
+        self._outcome: Outcome | None = None
+
+    @property
+    def region(self) -> Region:
+        """What the input rests on (depth, sources), as the policies saw it."""
+        return self._resolution.region
+
+    def record(self, output: T) -> T:
+        """Record a granted call's output as a summary of its input; returns what to use.
+
+        Never raises for a store failure: the summarizer has run, so its output is the caller's.
+        The failure is logged, counted (`policyhook.store.errors`) and marked on the span, and the
+        call ends with outcome `store_error`.
+        """
+        if self._outcome is not None:
+            raise RuntimeError(f"guarded call of {self.summarizer!r} was already recorded")
+        self._outcome = self._guard._record(output, self._resolution, self.request.window, self)
+        return output
+
+    def _end(self, outcome: Outcome) -> None:
+        """The call is over: its outcome goes on the span, a metric and the decision log."""
+        self._guard._ended(self, outcome)
+
+
+def _texts(output: Any) -> list[str]:
+    """A summarizer's output as the summaries to record; TypeError if its shape is unreadable
+    (an output the guard cannot record would come back later as original evidence)."""
+    if output is None:
+        return []
+    units = _shapes.read(output, keep=(Region,), where="output")
+    texts = [u.text or "" if isinstance(u, Region) else u for u in units]
+    return [t.strip() for t in texts if t.strip()]
 
 
 @dataclass(frozen=True)
@@ -115,50 +182,10 @@ class Summarizer:
             return kwargs[self.argument]
         raise TypeError(f"guarded summarizer {self.name!r} was called without its input")
 
-
-@dataclass
-class _Call:
-    """One guarded call in flight."""
-
-    guard: Guard
-    spec: Summarizer
-    window: str
-    resolution: Resolution
-    decision: Decision
-    span: Any
-
-    @contextmanager
-    def summarizing(self) -> Iterator[None]:
-        with self.guard.telemetry.summarizing(self.spec.name):
-            yield
-
-    def remember(self, output: Any) -> Any:
-        """Record a granted call's output as a summary of its input; returns it unchanged."""
-        texts = _texts(output)
-        if not texts:
-            _logger.warning(
-                "policyhook: cannot read text from %s returned by %r; it will not be recognised "
-                "as a summary when it comes back",
-                type(output).__name__,
-                self.spec.name,
-            )
-        for text in texts:
-            self.guard.ledger.record_summary(text, self.resolution.region, self.window)
-        if self.guard.archive_originals:
-            self.guard.ledger.archive(self.resolution.unregistered)
-        if self.guard.telemetry.capture_content:
-            self.guard.telemetry.summarized(self.span, "\n".join(texts))
-        return output
-
-
-def _texts(output: Any) -> list[str]:
-    """A summarizer's output as the summaries to record; TypeError if its shape is unreadable
-    (an output the guard cannot record would come back later as original evidence)."""
-    if output is None:
-        return []
-    units = _shapes.read(output, keep=(Region,), where="output")
-    texts = [u.text or "" if isinstance(u, Region) else u for u in units]
-    return [t.strip() for t in texts if t.strip()]
+    def request(self) -> Request:
+        """The current request, with this summarizer's default trigger when it names none."""
+        current = current_request()
+        return current if current.trigger is not None else replace(current, trigger=self.trigger)
 
 
 class Guard:
@@ -178,14 +205,14 @@ class Guard:
         archive_originals: bool = False,
         decision_log: DecisionLog | str | Path | None = None,
         capture_content: bool | None = None,
-        tracer_provider: trace.TracerProvider | None = None,
-        meter_provider: metrics.MeterProvider | None = None,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
         count_tokens: Callable[[str], int] | None = None,
         max_texts_per_window: int = 1024,
     ) -> None:
         self.store: Store = store if store is not None else MemoryStore()
         self.ledger = Ledger(self.store, max_texts_per_window=max_texts_per_window)
-        self.telemetry = Telemetry(
+        self._telemetry = Telemetry(
             tracer_provider=tracer_provider,
             meter_provider=meter_provider,
             capture_content=capture_content,
@@ -196,15 +223,15 @@ class Guard:
             decision_log = DecisionLog(decision_log)
         self.decision_log = decision_log
         self._listeners: tuple[DecisionListener, ...] = ()
-        self.watcher: PolicyWatcher | None = None
+        self._watcher: PolicyWatcher | None = None
         if isinstance(policies, str | Path):
-            self.watcher = PolicyWatcher(
+            self._watcher = PolicyWatcher(
                 policies,
                 interval=reload_interval,
                 backend=backend,
-                on_reload=self.telemetry.reloaded,
+                on_reload=self._telemetry.reloaded,
             ).start()
-            self._policies = self.watcher.current
+            self._policies = self._watcher.current
         else:
             self._policies = policies if policies is not None else load_default(backend=backend)
 
@@ -216,12 +243,21 @@ class Guard:
     @property
     def policies(self) -> PolicySet:
         """The policy set in force now (the watcher's latest good revision, if following files)."""
-        return self.watcher.current if self.watcher is not None else self._policies
+        return self._watcher.current if self._watcher is not None else self._policies
+
+    def reload(self) -> bool:
+        """Re-read the policy files now; True when a new set was put in force.
+
+        A guard follows its files on its own; this is for callers that cannot wait for the next
+        poll (tests, an admin endpoint). A set that fails to load is counted and the last good
+        one stays, as for a poll. A guard not made from a path has nothing to reload: False.
+        """
+        return self._watcher.check() if self._watcher is not None else False
 
     def close(self) -> None:
         """Stop following policy files and close the decision log."""
-        if self.watcher is not None:
-            self.watcher.stop()
+        if self._watcher is not None:
+            self._watcher.stop()
         if self.decision_log is not None:
             self.decision_log.close()
 
@@ -238,6 +274,56 @@ class Guard:
         A text quoting known summaries keeps their provenance (see `Ledger.record_source`).
         """
         return self.ledger.record_source(text, kind, source_id, window=_request().window)
+
+    def provenance(self, value: Any, window: str | None = None) -> Region:
+        """What `value` rests on in `window` (default: the current request's), without deciding.
+
+        `depth > 0` means the guard recognises it as a summary it recorded: adapters use this to
+        tell a known summary from one made before the guard was installed.
+        """
+        return self.ledger.resolve(value, window or current_request().window).region
+
+    # -- the seam: one guarded call -------------------------------------------------------------
+
+    @contextmanager
+    def guarding(
+        self,
+        value: Any,
+        *,
+        summarizer: str,
+        request: Request | None = None,
+        lossless: bool = False,
+        idempotent: bool = False,
+    ) -> Iterator[GuardedCall]:
+        """Decide a summarize call on `value`; the block runs it if granted.
+
+        >>> with guard.guarding(messages, summarizer="chat-summary") as call:
+        ...     summary = call.record(llm.summarize(messages))
+
+        Entering raises `UnsafeRecompactionError` on a refusal (enforce mode): the block never
+        runs. Otherwise the block is the summarizer's work (the `policyhook.summarize` span) and
+        hands its output to `call.record`, which returns what the caller should use. An exception
+        leaving the block marks the spans and ends the call as `failed`; a cancellation
+        (`asyncio.CancelledError`, a timeout, KeyboardInterrupt) as `cancelled`; either way nothing
+        is recorded. `request` describes the compaction (default: `current_request()`).
+
+        One synchronous context manager serves sync and async code alike: deciding is
+        CPU-bound work of microseconds plus one store lookup, exactly what the decorator does
+        in an async function, so an async twin would only be a second path to keep equal. Use
+        it as `with` inside `async def` and `await` the summarizer in the block.
+        """
+        req = request if request is not None else current_request()
+        with self._deciding(value, summarizer, req, lossless, idempotent) as call:
+            try:
+                with self._telemetry.summarizing(summarizer):
+                    yield call
+            except Exception:
+                call._end("failed")
+                raise
+            except BaseException:
+                call._end("cancelled")
+                raise
+            call._end(call._outcome or "unrecorded")
 
     # -- decorating -----------------------------------------------------------------------------
 
@@ -275,7 +361,7 @@ class Guard:
         trigger: str = "automatic",
         extractor: Callable[..., Any] | None = None,
     ) -> F | Callable[[F], F]:
-        """Guard a summarize function (sync or async, plain or method).
+        """Guard a summarize function (sync or async, plain or method), through `guarding`.
 
         `summarizer` names it in policies and telemetry (default: the function's qualified name);
         `lossless` / `idempotent` declare properties policies may exempt; `trigger` is the default
@@ -287,46 +373,57 @@ class Guard:
 
         def decorate(fn: F) -> F:
             spec = _spec(fn, summarizer, lossless, idempotent, trigger, extractor)
+
+            @contextmanager
+            def call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[GuardedCall]:
+                with self.guarding(
+                    spec.input(args, kwargs),
+                    summarizer=spec.name,
+                    request=spec.request(),
+                    lossless=spec.lossless,
+                    idempotent=spec.idempotent,
+                ) as guarded:
+                    yield guarded
+
             if inspect.iscoroutinefunction(fn):
 
                 @functools.wraps(fn)
                 async def guarded_async(*args: Any, **kwargs: Any) -> Any:
-                    with self._guarding(spec, spec.input(args, kwargs)) as call:
-                        with call.summarizing():
-                            output = await fn(*args, **kwargs)
-                        return call.remember(output)
+                    with call(args, kwargs) as guarded:
+                        return guarded.record(await fn(*args, **kwargs))
 
                 return cast(F, guarded_async)
 
             @functools.wraps(fn)
-            def guarded(*args: Any, **kwargs: Any) -> Any:
-                with self._guarding(spec, spec.input(args, kwargs)) as call:
-                    with call.summarizing():
-                        output = fn(*args, **kwargs)
-                    return call.remember(output)
+            def guarded_sync(*args: Any, **kwargs: Any) -> Any:
+                with call(args, kwargs) as guarded:
+                    return guarded.record(fn(*args, **kwargs))
 
-            return cast(F, guarded)
+            return cast(F, guarded_sync)
 
         return decorate(fn) if fn is not None else decorate
 
-    # -- deciding without a decorator (adapters, dry runs) --------------------------------------
+    # -- deciding without running anything (adapters, dry runs) ---------------------------------
 
     def check(
         self,
         value: Any,
         *,
         summarizer: str,
+        request: Request | None = None,
         lossless: bool = False,
         idempotent: bool = False,
         enforce: bool = False,
     ) -> Decision:
         """Decide a call on `value` without running anything; raises on deny only if `enforce`.
 
-        The decision is traced, counted and logged like a guarded call's.
+        The deciding half of `guarding`: traced, counted and logged like a guarded call's
+        decision (outcome `checked`), with no summarizer span.
         """
-        spec = Summarizer(summarizer, lossless, idempotent)
+        req = request if request is not None else current_request()
         try:
-            with self._guarding(spec, value) as call:
+            with self._deciding(value, summarizer, req, lossless, idempotent) as call:
+                call._end("checked")
                 return call.decision
         except UnsafeRecompactionError as refusal:
             if enforce:
@@ -334,8 +431,12 @@ class Guard:
             return refusal.decision
 
     def record_summary(self, output: Any, of: Any, window: str | None = None) -> list[Region]:
-        """Record `output` as a summary of `of`, for adapters that produce summaries themselves."""
-        window = window or _request().window
+        """Record `output` as a summary of `of`, for adapters that produce summaries themselves.
+
+        No decision is made. A store failure raises here: nothing was decided, so the caller
+        chooses what a lost record means.
+        """
+        window = window or current_request().window
         resolution = self.ledger.resolve(of, window)
         regions = [self.ledger.record_summary(t, resolution.region, window) for t in _texts(output)]
         if self.archive_originals:
@@ -345,39 +446,41 @@ class Guard:
     # -- the data path of one call --------------------------------------------------------------
 
     @contextmanager
-    def _guarding(self, spec: Summarizer, value: Any) -> Iterator[_Call]:
-        req = _request()
+    def _deciding(
+        self, value: Any, summarizer: str, req: Request, lossless: bool, idempotent: bool
+    ) -> Iterator[GuardedCall]:
         policies = self.policies  # one revision for the whole decision
-        with self.telemetry.guarded(spec.name) as span:
+        with self._telemetry.guarded(summarizer) as span:
             started = time.perf_counter()
             resolution = self.ledger.resolve(value, req.window)
             region = resolution.region
-            live = self._live(region)
+            live = self._live(region, span)
             activation = schema.build(
                 region,
                 live,
-                trigger=req.trigger or spec.trigger,
+                trigger=req.trigger or "automatic",
                 budget_pressure=req.budget_pressure,
                 attempt=req.attempt,
                 window_id=req.window,
                 window_tokens=req.window_tokens,
                 window_budget=req.window_budget,
                 window_max_depth=self.ledger.max_depth(req.window),
-                summarizer=spec.name,
-                lossless=spec.lossless,
-                idempotent=spec.idempotent,
+                summarizer=summarizer,
+                lossless=lossless,
+                idempotent=idempotent,
                 tokens=self._tokens(value),
             )
             decision = policies.decide(activation)
-            content = _joined(value) if self.telemetry.capture_content else None
-            self.telemetry.decided(
+            content = _joined(value) if self._telemetry.capture_content else None
+            self._telemetry.decided(
                 span, decision, activation, time.perf_counter() - started, content
             )
-            self._log(decision, activation, span)
             self._notify(decision, activation)
+            call = GuardedCall(self, summarizer, req, resolution, decision, activation, span)
             if decision.effect == "deny":
                 refusal = UnsafeRecompactionError(decision)
-                self.telemetry.refused(span, refusal)
+                self._telemetry.refused(span, refusal)
+                call._end("refused")
                 raise refusal
             if decision.effect == "would_deny":
                 level = logging.WARNING if decision.mode == "warn" else logging.INFO
@@ -387,7 +490,47 @@ class Guard:
                     decision.mode,
                     UnsafeRecompactionError(decision),
                 )
-            yield _Call(self, spec, req.window, resolution, decision, span)
+            yield call
+
+    def _record(
+        self, output: Any, resolution: Resolution, window: str, call: GuardedCall
+    ) -> Outcome:
+        texts = _texts(output)
+        if not texts:
+            _logger.warning(
+                "policyhook: cannot read text from %s returned by %r; it will not be recognised "
+                "as a summary when it comes back",
+                type(output).__name__,
+                call.summarizer,
+            )
+        outcome: Outcome = "summarized"
+        for text in texts:
+            try:
+                self.ledger.record_summary(text, resolution.region, window)
+            except Exception as error:
+                self._telemetry.store_failed(call._span, "put_summary", error)
+                outcome = "store_error"
+        if self.archive_originals:
+            try:
+                self.ledger.archive(resolution.unregistered)
+            except Exception as error:
+                self._telemetry.store_failed(call._span, "put_source", error)
+                outcome = "store_error"
+        if self._telemetry.capture_content:
+            self._telemetry.summarized(call._span, "\n".join(texts))
+        return outcome
+
+    def _ended(self, call: GuardedCall, outcome: Outcome) -> None:
+        self._telemetry.ended(call._span, outcome, call.summarizer)
+        if self.decision_log is None:
+            return
+        try:
+            context = call._span.get_span_context()
+            trace_id = f"{context.trace_id:032x}" if context.is_valid else ""
+            span_id = f"{context.span_id:016x}" if context.is_valid else ""
+            self.decision_log.write(call.decision, call._activation, trace_id, span_id, outcome)
+        except Exception:
+            _logger.warning("policyhook: failed to write the decision log", exc_info=True)
 
     def _notify(self, decision: Decision, activation: Mapping[str, Any]) -> None:
         for listener in self._listeners:
@@ -396,40 +539,24 @@ class Guard:
             except Exception:
                 _logger.warning("policyhook: decision listener %r failed", listener, exc_info=True)
 
-    def _live(self, region: Region) -> frozenset[str]:
+    def _live(self, region: Region, span: Span) -> frozenset[str]:
         """Sources the store holds now; an unreachable store holds none (fail closed)."""
         if not region.sources:
             return frozenset()
         try:
             return self.store.live(region.sources)
-        except Exception:
+        except Exception as error:
             _logger.warning(
                 "policyhook: store unreachable; treating all %d sources as dead",
                 len(region.sources),
-                exc_info=True,
             )
+            self._telemetry.store_failed(span, "live", error)
             return frozenset()
 
     def _tokens(self, value: Any) -> int | None:
         if self.count_tokens is None:
             return None
         return _token_count(self.count_tokens(_joined(value)))
-
-    def _log(self, decision: Decision, activation: dict[str, Any], span: Any) -> None:
-        if self.decision_log is None:
-            return
-        try:
-            context = span.get_span_context()
-            trace_id = f"{context.trace_id:032x}" if context.is_valid else ""
-            span_id = f"{context.span_id:016x}" if context.is_valid else ""
-            self.decision_log.write(decision, activation, trace_id, span_id)
-        except Exception:
-            _logger.warning("policyhook: failed to write the decision log", exc_info=True)
-
-
-def _request() -> Request:
-    current = _current_request.get()
-    return current if current is not None else Request()
 
 
 def _joined(value: Any) -> str:

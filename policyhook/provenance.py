@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from policyhook import _shapes
+from policyhook import _fork, _shapes
 from policyhook._index import MIN_BYTES, Index
 
 if TYPE_CHECKING:
@@ -261,6 +261,10 @@ class Ledger:
         # What recently resolved regions are made of, for normalised summaries:
         # region id -> (summary ids it rests on, sources it rests on directly).
         self._made_of: OrderedDict[str, tuple[tuple[str, ...], frozenset[str]]] = OrderedDict()
+        _fork.register(self, Ledger._after_fork)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.RLock()  # another thread may have held it at the fork
 
     def text_id(self, prefix: str, text: str) -> str:
         """An id for `text` keyed with the store's secret: the same in every process sharing it."""
@@ -353,14 +357,16 @@ class Ledger:
             source_kinds=tuple(sorted(region.source_kinds)),
             window=window,
         )
-        stored = self.store.put_summary(entry, text)
-        if stored is None:  # a store that does not return the merged record: read it back
-            stored = self.store.lookup([key]).get(key)
-        entry = stored if stored is not None else entry
-        with self._lock:
-            self._learn(entry, data)
-            if window in self._windows:
-                self._windows[window] = max(self._windows[window], region.depth)
+        try:
+            stored = self.store.put_summary(entry, text)
+            if stored is None:  # a store that does not return the merged record: read it back
+                stored = self.store.lookup([key]).get(key)
+            entry = stored if stored is not None else entry
+        finally:  # learnt even when the store write fails: recognised in this process still
+            with self._lock:
+                self._learn(entry, data)
+                if window in self._windows:
+                    self._windows[window] = max(self._windows[window], region.depth)
         return region
 
     def archive(self, unregistered: Iterable[tuple[str, str]]) -> None:

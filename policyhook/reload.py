@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from policyhook import _fork
 from policyhook.cel import Backend
 from policyhook.errors import PolicyError
 from policyhook.loader import compile_sources, read_sources, revision_of
@@ -44,6 +45,7 @@ class PolicyWatcher:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        _fork.register(self, PolicyWatcher._after_fork)
 
     def check(self) -> bool:
         """Reload if the files changed; True when a new set was put in force."""
@@ -100,6 +102,15 @@ class PolicyWatcher:
                 self.check()
             except Exception:  # never let the poller die silently
                 _logger.exception("policyhook: policy reload check failed")
+
+    def _after_fork(self) -> None:
+        """No thread survives a fork: a child polls in its own (prefork servers follow edits)."""
+        self._lock = threading.Lock()  # the parent's poller may have held it
+        running = self._thread is not None and not self._stop.is_set()
+        self._stop = threading.Event()
+        self._thread = None
+        if running:
+            self.start()
 
     def stop(self) -> None:
         self._stop.set()

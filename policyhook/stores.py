@@ -19,6 +19,7 @@ from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from policyhook import _fork
 from policyhook.provenance import Entry, Region, Source, anchor_of, digest, encode
 
 #: What a store knows of a source id: held, dropped by `evict` or capacity, or past its TTL.
@@ -110,6 +111,10 @@ class MemoryStore:
         self._texts: OrderedDict[str, str] = OrderedDict()  # summary digest -> text, bounded
         self._log: list[str] = []  # digests in record order, for `since`
         self._depths: dict[str, int] = {}
+        _fork.register(self, MemoryStore._after_fork)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()  # another thread may have held it at the fork
 
     def secret(self) -> bytes:
         return self._secret
@@ -303,6 +308,10 @@ def _entry(row: Iterable[object]) -> Entry:
     )
 
 
+#: Connections a forked child inherited: kept open and unused for the child's lifetime.
+_inherited: list[sqlite3.Connection] = []
+
+
 class SQLiteStore:
     """The embedded durable store: one SQLite file, survives restarts, safe across threads and
     processes.
@@ -356,6 +365,17 @@ class SQLiteStore:
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
+        _fork.register(self, SQLiteStore._after_fork)
+
+    def _after_fork(self) -> None:
+        """A child must not use its parent's connection (SQLite: do not carry an open connection
+        across a fork): it gets its own, and a lock no other thread holds."""
+        _inherited.append(self._db)  # never closed in the child: that could disturb the parent
+        self._lock = threading.Lock()
+        self._data_version = -1
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA busy_timeout=5000")
 
     def _has_table(self, name: str) -> bool:
         row = self._db.execute(

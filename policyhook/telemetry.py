@@ -23,10 +23,21 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from opentelemetry import metrics, trace
-from opentelemetry.trace import INVALID_SPAN, NonRecordingSpan, Span, SpanKind, Status, StatusCode
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.trace import (
+    INVALID_SPAN,
+    NonRecordingSpan,
+    Span,
+    SpanKind,
+    Status,
+    StatusCode,
+    TracerProvider,
+)
 
 from policyhook.errors import UnsafeRecompactionError
 from policyhook.policy import Decision
+
+__all__ = ["MeterProvider", "Span", "Telemetry", "TracerProvider", "capture_content_from_env"]
 
 _logger = logging.getLogger(__name__)
 
@@ -46,6 +57,8 @@ DECISION_DURATION = "policyhook.decision.duration"  # policyhook_decision_durati
 REGION_DEPTH = "policyhook.region.depth"  # policyhook_region_depth
 EVALUATION_ERRORS = "policyhook.evaluation.errors"  # policyhook_evaluation_errors_total
 POLICY_RELOADS = "policyhook.policy.reloads"  # policyhook_policy_reloads_total
+CALLS = "policyhook.calls"  # policyhook_calls_total
+STORE_ERRORS = "policyhook.store.errors"  # policyhook_store_errors_total
 
 _DURATION_BUCKETS = (
     0.00001,
@@ -138,6 +151,17 @@ class Telemetry:
         self.reloads = meter.create_counter(
             POLICY_RELOADS, unit="{reload}", description="Policy reload attempts, by outcome."
         )
+        self.calls = meter.create_counter(
+            CALLS,
+            unit="{call}",
+            description="Guarded calls by how they ended: summarized, store_error, failed, "
+            "cancelled, refused, unrecorded, checked.",
+        )
+        self.store_errors = meter.create_counter(
+            STORE_ERRORS,
+            unit="{error}",
+            description="Store operations that failed during a call, by operation.",
+        )
 
     # -- spans ----------------------------------------------------------------------------------
 
@@ -168,6 +192,9 @@ class Telemetry:
                 _summarizer_error.set(0)
                 self._error(span, error, record=not recorded)
                 raise
+            except BaseException as error:
+                self._cancelled(span, error)
+                raise
 
     @contextmanager
     def summarizing(self, summarizer: str) -> Iterator[Span]:
@@ -188,6 +215,9 @@ class Telemetry:
             except Exception as error:
                 _summarizer_error.set(id(error))
                 self._error(span, error, record=True)
+                raise
+            except BaseException as error:
+                self._cancelled(span, error)
                 raise
 
     def _tracing(self) -> bool:
@@ -238,6 +268,22 @@ class Telemetry:
                 span.record_exception(error)
         except Exception:
             _failed("record an exception on a span")
+
+    def _cancelled(self, span: Span, error: BaseException) -> None:
+        """A call cut short (task cancelled, timed out, interrupted): the summary never came.
+
+        Status ERROR (the work did not complete), `error.type`, `policyhook.outcome=cancelled`
+        and a `policyhook.cancelled` event, so a trace never shows a cancelled call as a success.
+        """
+        try:
+            if not span.is_recording():
+                return
+            kind = type(error).__qualname__
+            span.set_status(Status(StatusCode.ERROR, f"cancelled: {kind}"))
+            span.set_attributes({"error.type": kind, "policyhook.outcome": "cancelled"})
+            span.add_event("policyhook.cancelled", {"exception.type": kind})
+        except Exception:
+            _failed("record a cancellation on a span")
 
     # -- one decision ---------------------------------------------------------------------------
 
@@ -338,6 +384,42 @@ class Telemetry:
                 span.set_attribute("policyhook.summary.text", output)
         except Exception:
             _failed("record the summary on its span")
+
+    def ended(self, span: Span, outcome: str, summarizer: str) -> None:
+        """Count how one call ended and put the outcome on its span. Never raises."""
+        try:
+            if span.is_recording():
+                span.set_attribute("policyhook.outcome", outcome)
+        except Exception:
+            _failed("record a call's outcome on its span")
+        try:
+            self.calls.add(1, {"outcome": outcome, "summarizer": summarizer})
+        except Exception:
+            _failed("count a call's outcome")
+
+    def store_failed(self, span: Span, operation: str, error: Exception) -> None:
+        """A store operation failed during a call: logged, counted and marked on the span.
+
+        The exception's type and message are recorded, never region text (store errors name
+        files and SQL states, not the rows they hold).
+        """
+        kind = type(error).__qualname__
+        _logger.warning(
+            "policyhook: store %s failed (%s: %s); the call goes on", operation, kind, error
+        )
+        try:
+            self.store_errors.add(1, {"operation": operation})
+        except Exception:
+            _failed("count a store error")
+        try:
+            if span.is_recording():
+                span.set_attribute("policyhook.store.error", operation)
+                span.add_event(
+                    "policyhook.store.error",
+                    {"policyhook.store.operation": operation, "exception.type": kind},
+                )
+        except Exception:
+            _failed("record a store error on its span")
 
     def reloaded(self, outcome: str, revision: str) -> None:
         """Count one policy reload attempt. Never raises."""

@@ -310,3 +310,119 @@ def test_from_path_loads_the_policy_folder() -> None:
         assert "default" in [p.name for p in guard.policies.policies]
     finally:
         guard.close()
+
+
+class TestGuardingSeam:
+    """`guard.guarding(...)`: the public seam the decorator and every adapter are built on."""
+
+    def test_a_granted_block_records_its_output_as_a_summary(self) -> None:
+        """The block runs on a grant; `record` returns the output and later recognises it."""
+        guard = Guard()
+        guard.record_source(CONFIG, "config_read", "cfg-7")
+        with guard.guarding([CONFIG], summarizer="mine") as call:
+            assert call.decision.effect == "allow" and call.region.depth == 0
+            summary = call.record("S1: retry ceiling is 7 (from config)")
+        assert summary == "S1: retry ceiling is 7 (from config)"
+        assert guard.provenance(summary).depth == 1
+        assert guard.provenance(summary).sources == frozenset({"cfg-7"})
+
+    def test_a_refusal_raises_on_entry_and_the_block_never_runs(self) -> None:
+        """Enforce-mode deny raises before the block; nothing is recorded."""
+        guard = Guard()
+        guard.record_source(CONFIG, "config_read", "cfg-7")
+        with guard.guarding(CONFIG, summarizer="mine") as call:
+            s1 = call.record("S1: retry ceiling is 7 (from config)")
+        guard.store.evict("cfg-7")
+        ran = []
+        with pytest.raises(UnsafeRecompactionError) as refused, guard.guarding(s1, summarizer="x"):
+            ran.append(True)
+        assert ran == [] and refused.value.decision.effect == "deny"
+        assert "cfg-7" in refused.value.decision.dead_sources
+
+    def test_async_code_awaits_inside_the_block(self) -> None:
+        """One context manager serves async code: the awaited output is recorded."""
+        guard = Guard()
+
+        async def produce() -> str:
+            await asyncio.sleep(0)
+            return "an async summary of the turn"
+
+        async def main() -> str:
+            with guard.guarding("an original turn", summarizer="async-seam") as call:
+                return call.record(await produce())
+
+        out = asyncio.run(main())
+        assert guard.provenance(out).depth == 1
+
+    def test_the_request_comes_from_the_argument_or_the_context(self) -> None:
+        """`request=` wins; without it the enclosing `policyhook.request(...)` is used."""
+        guard = Guard()
+        with capture_decisions(guard) as seen, policyhook.request(window="w-ctx"):
+            assert policyhook.current_request().window == "w-ctx"
+            with guard.guarding("turn one", summarizer="s") as call:
+                call.record("summary one of the first turn")
+            explicit = policyhook.Request(window="w-arg", trigger="manual")
+            with guard.guarding("turn two", summarizer="s", request=explicit) as call:
+                call.record("summary two of the second turn")
+        assert policyhook.current_request() == policyhook.Request()
+        windows = [(a["window"]["id"], a["request"]["trigger"]) for _, a in seen]
+        assert windows == [("w-ctx", "automatic"), ("w-arg", "manual")]
+        assert guard.provenance("summary two of the second turn", "w-arg").depth == 1
+        assert guard.provenance("summary two of the second turn", "w-ctx").depth == 0
+
+    def test_recording_twice_is_an_error(self) -> None:
+        """A call has one output: a second `record` raises instead of recording twice."""
+        guard = Guard()
+        with guard.guarding("an original turn", summarizer="s") as call:
+            call.record("one summary of the turn")
+            with pytest.raises(RuntimeError, match="already recorded"):
+                call.record("another summary of the turn")
+
+    def test_an_exception_in_the_block_records_nothing(self, tmp_path: Path) -> None:
+        """The block's exception propagates unchanged; the log says the call failed."""
+        guard = Guard(decision_log=tmp_path / "log.jsonl")
+        with pytest.raises(KeyError), guard.guarding("an original turn", summarizer="s"):
+            raise KeyError("model down")
+        with guard.guarding("an original turn", summarizer="s"):
+            pass  # granted, but the caller never recorded an output
+        guard.check("an original turn", summarizer="s")
+        guard.close()
+        records = [r for _, r in policyhook.decisionlog.read(tmp_path / "log.jsonl")]
+        assert [r["outcome"] for r in records] == ["failed", "unrecorded", "checked"]
+
+    def test_reload_puts_edited_policies_in_force_now(self, tmp_path: Path) -> None:
+        """`guard.reload()` re-reads the files; a guard without files has nothing to reload."""
+        (tmp_path / "p.yaml").write_text(AUDIT)
+        guard = Guard.from_path(tmp_path, reload_interval=0)
+        assert not guard.reload()
+        (tmp_path / "p.yaml").write_text(AUDIT.replace("shadow", "shadow-2"))
+        assert guard.reload()
+        assert guard.policies.policies[0].name == "shadow-2"
+        assert not Guard().reload()
+        guard.close()
+
+    def test_adapters_use_only_the_public_api(self) -> None:
+        """LangChain and langmem adapters touch no private policyhook name and no `.ledger`."""
+        import ast
+
+        for name in ("langchain", "langmem"):
+            path = Path(policyhook.__file__).parent / "adapters" / f"{name}.py"
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    "policyhook"
+                ):
+                    assert not any(a.name.startswith("_") for a in node.names), (name, node.lineno)
+                    assert not any(p.startswith("_") for p in (node.module or "").split("."))
+                if isinstance(node, ast.Attribute) and _names_guard(node.value):
+                    assert not node.attr.startswith("_"), (name, node.lineno)
+                    assert node.attr != "ledger", (name, node.lineno)
+
+
+def _names_guard(node: Any) -> bool:
+    """`guard` or `self.guard`: the adapter's Guard."""
+    import ast
+
+    return (isinstance(node, ast.Name) and node.id == "guard") or (
+        isinstance(node, ast.Attribute) and node.attr == "guard"
+    )

@@ -71,6 +71,7 @@ SPAN_ATTRIBUTES = {
     "policyhook.region.dead_sources",
     "policyhook.policy.revision",
     "policyhook.window.id",
+    "policyhook.outcome",
 }
 DECISION_METRIC_ATTRIBUTES = {
     "decision",
@@ -473,10 +474,10 @@ class TestMetrics:
         try:
             first = guard.policies.revision
             (folder / "a.yaml").write_text(policy_yaml("second", "true"))
-            assert guard.watcher is not None and guard.watcher.check()
+            assert guard.reload()
             second = guard.policies.revision
             (folder / "a.yaml").write_text("spec: [not, a, policy")
-            assert not guard.watcher.check()
+            assert not guard.reload()
             assert guard.policies.revision == second != first
         finally:
             guard.close()

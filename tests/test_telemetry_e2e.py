@@ -164,7 +164,7 @@ class TestPrometheus:
     def test_every_metric_has_its_documented_prometheus_name(
         self, prometheus: Server, app: App, tmp_path: Path
     ) -> None:
-        """All five instruments reach Prometheus under the names dashboards query."""
+        """All seven instruments reach Prometheus under the names dashboards query."""
         broken = "region.depth / (region.depth - region.depth) >= 0"
         policies = compile_sources(
             [
@@ -187,6 +187,9 @@ class TestPrometheus:
             ]
         )
         summarizer(policyhook.Guard(policies, meter_provider=app.meter_provider))("a turn")
+        full = policyhook.MemoryStore()
+        full.put_summary = _disk_full  # type: ignore[method-assign]
+        summarizer(policyhook.Guard(store=full, meter_provider=app.meter_provider))("a turn")
         folder = tmp_path / "policies"
         folder.mkdir()
         policy = (
@@ -196,9 +199,9 @@ class TestPrometheus:
         (folder / "q.yaml").write_text(policy % "first")
         watched = policyhook.Guard(folder, meter_provider=app.meter_provider, reload_interval=0)
         (folder / "q.yaml").write_text(policy % "second")
-        assert watched.watcher is not None and watched.watcher.check()  # success
+        assert watched.reload()  # success
         (folder / "q.yaml").write_text("spec: [broken")
-        assert not watched.watcher.check()  # failure, "second" stays in force
+        assert not watched.reload()  # failure, "second" stays in force
         watched.close()
         expected = {
             "policyhook_decisions_total",
@@ -210,6 +213,8 @@ class TestPrometheus:
             "policyhook_region_depth_sum",
             "policyhook_evaluation_errors_total",
             "policyhook_policy_reloads_total",
+            "policyhook_calls_total",
+            "policyhook_store_errors_total",
         }
 
         def names() -> set[str]:
@@ -393,3 +398,7 @@ class TestCollectorDown:
         assert not finished
         assert shutdown < 3.0, f"shutdown(timeout=1.0) took {shutdown:.2f}s"
         assert "did not finish within 1.0s" in caplog.text
+
+
+def _disk_full(*args: object) -> None:
+    raise OSError(28, "No space left on device")

@@ -91,8 +91,6 @@ def main() -> int:
     audit, broken = folder / "shadow.yaml", folder / "broken.yaml"
     audit.write_text(AUDIT_POLICY.format(edit=0), encoding="utf-8")
     reloader = policyhook.Guard.from_path(folder, reload_interval=0)  # reloads counted here
-    watcher = reloader.watcher
-    assert watcher is not None, "a guard made from a path follows its files"
     number = 0
     try:
         while passes <= 0 or number < passes:
@@ -100,10 +98,10 @@ def main() -> int:
             out = sys.stdout if number == 1 else io.StringIO()
             if broken.exists():
                 broken.unlink()
-                watcher.check()  # success: back to a good set
+                reloader.reload()  # success: back to a good set
             if number % 20 == 1:
                 audit.write_text(AUDIT_POLICY.format(edit=number), encoding="utf-8")
-                watcher.check()  # success: new revision
+                reloader.reload()  # success: new revision
             run(out, policyhook.Guard(store=store))  # enforced default policy: the refusal raises
             shadow = policyhook.Guard.from_path(folder, reload_interval=0, store=store)
             try:
@@ -112,7 +110,7 @@ def main() -> int:
                 shadow.close()
             if number % 60 == 2:
                 broken.write_text(BROKEN_POLICY, encoding="utf-8")
-                watcher.check()  # failure: the last good revision stays in force
+                reloader.reload()  # failure: the last good revision stays in force
             if number == 1:
                 print(
                     f"policyhook demo loop: a pass every {interval}s, exporting to "

@@ -3,7 +3,7 @@
 LangChain's middleware replaces the oldest messages of the agent state with one summary message
 (`RemoveMessage(REMOVE_ALL_MESSAGES)`, the summary, the kept messages). Once the state holds such a
 summary, the next pass summarizes the summary again. This subclass hooks the one seam every pass
-goes through, `_create_summary(messages_to_summarize)`:
+goes through, `_create_summary(messages_to_summarize)`, and runs it inside `Guard.guarding`:
 
 1. every original message about to be evicted is recorded as a source in the guard's store
    (kind by message type: `user_turn`, `ai_turn`, `tool_output`, `system_prompt`), so that a later
@@ -22,9 +22,10 @@ Requires `langchain>=1.0,<2` (the `_create_summary` / `_acreate_summary` seam).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import replace
 from typing import Any
 
 from langchain.agents.middleware import SummarizationMiddleware
@@ -33,7 +34,7 @@ from langgraph.runtime import Runtime
 
 from policyhook.adapters import message_kind, message_text, untraced_summary
 from policyhook.errors import UnsafeRecompactionError
-from policyhook.hook import Guard, request
+from policyhook.hook import Guard, GuardedCall, Request, current_request, request
 from policyhook.provenance import Region, content_of
 
 __all__ = ["GuardedSummarizationMiddleware"]
@@ -49,15 +50,6 @@ _state_messages: ContextVar[Sequence[AnyMessage] | None] = ContextVar(
 def _is_summary(message: BaseMessage) -> bool:
     """Upstream marks its summary messages with `additional_kwargs["lc_source"]`."""
     return bool(message.additional_kwargs.get("lc_source") == "summarization")
-
-
-def _summarize(value: list[Any], create: Callable[[], str]) -> str:
-    """The guarded call: `value` is what the guard decides on, `create` the upstream summary."""
-    return create()
-
-
-async def _asummarize(value: list[Any], create: Callable[[], Awaitable[str]]) -> str:
-    return await create()
 
 
 class GuardedSummarizationMiddleware(SummarizationMiddleware[Any, Any]):
@@ -88,8 +80,6 @@ class GuardedSummarizationMiddleware(SummarizationMiddleware[Any, Any]):
         self.summarizer_name = summarizer_name
         self.window = window
         self.raise_on_refusal = raise_on_refusal
-        self._summarize = guard(summarizer=summarizer_name)(_summarize)
-        self._asummarize = guard(summarizer=summarizer_name)(_asummarize)
         prefix = content_of(self._build_new_messages("")[0])
         self._summary_prefix = prefix or ""
 
@@ -116,23 +106,25 @@ class GuardedSummarizationMiddleware(SummarizationMiddleware[Any, Any]):
     # -- the seam -------------------------------------------------------------------------------
 
     def _create_summary(self, messages_to_summarize: list[AnyMessage]) -> str:
-        create = super()._create_summary
-        with self._request(messages_to_summarize):
-            value = self._provenance(messages_to_summarize)
-            return self._summarize(value, lambda: create(messages_to_summarize))
+        with self._guarding(messages_to_summarize) as call:
+            return call.record(super()._create_summary(messages_to_summarize))
 
     async def _acreate_summary(self, messages_to_summarize: list[AnyMessage]) -> str:
-        create = super()._acreate_summary
-        with self._request(messages_to_summarize):
-            value = self._provenance(messages_to_summarize)
-            return await self._asummarize(value, lambda: create(messages_to_summarize))
+        with self._guarding(messages_to_summarize) as call:
+            return call.record(await super()._acreate_summary(messages_to_summarize))
+
+    @contextmanager
+    def _guarding(self, messages: list[AnyMessage]) -> Iterator[GuardedCall]:
+        """The guarded call of one summary: provenance of `messages`, decided by the guard."""
+        current = self._request(messages)
+        value = self._provenance(messages, current.window)
+        with self.guard.guarding(value, summarizer=self.summarizer_name, request=current) as call:
+            yield call
 
     # -- provenance -----------------------------------------------------------------------------
 
-    def _provenance(self, messages: Sequence[AnyMessage]) -> list[str | Region]:
+    def _provenance(self, messages: Sequence[AnyMessage], window: str) -> list[str | Region]:
         """Record the originals as sources; map summary messages to the summary text recorded."""
-        with request() as current:
-            window = current.window
         value: list[str | Region] = []
         for message in messages:
             text = message_text(message)
@@ -145,7 +137,7 @@ class GuardedSummarizationMiddleware(SummarizationMiddleware[Any, Any]):
                 continue
             prefix = self._summary_prefix
             body = text[len(prefix) :] if prefix and text.startswith(prefix) else text
-            if self.guard.ledger.resolve(body, window).region.depth > 0:
+            if self.guard.provenance(body, window).depth > 0:
                 value.append(body)
             else:
                 value.append(untraced_summary(body))
@@ -166,14 +158,18 @@ class GuardedSummarizationMiddleware(SummarizationMiddleware[Any, Any]):
         finally:
             _state_messages.reset(token)
 
-    @contextmanager
-    def _request(self, fallback: Sequence[AnyMessage]) -> Iterator[None]:
+    def _request(self, fallback: Sequence[AnyMessage]) -> Request:
+        """The current request with the state's size and pressure against the model's budget."""
         messages = _state_messages.get() or fallback
         tokens = int(self.token_counter(messages))
         budget = self._budget()
         pressure = min(1.0, tokens / budget) if budget > 0 else 0.0
-        with request(budget_pressure=pressure, window_tokens=tokens, window_budget=budget):
-            yield
+        return replace(
+            current_request(),
+            budget_pressure=pressure,
+            window_tokens=tokens,
+            window_budget=budget,
+        )
 
     def _budget(self) -> int:
         """The model's input limit when its profile says it, else the lowest token trigger."""

@@ -9,8 +9,8 @@ These wrappers take langmem's own arguments plus a `guard`, and:
 2. record each new message about to be folded in as a source (kind by message type), and recognise
    the running summary as the one the guard recorded (one it never saw counts as resting on a dead
    `untraced:...` source);
-3. decide through the guard (same span, metrics, decision log and listeners as the decorator);
-   on a grant, run langmem with the real model and record the new summary one pass deeper.
+3. run langmem with the real model inside `Guard.guarding` (same span, metrics, decision log and
+   listeners as the decorator), and record the new summary one pass deeper.
 
 On refusal (enforce mode) the default is to **return langmem's own no-summarization result**: the
 running summary unchanged and every message it does not cover kept verbatim, so nothing is lost and
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from langchain_core.messages import AIMessage, AnyMessage
@@ -37,7 +37,7 @@ from langmem.short_term.summarization import (  # type: ignore[import-untyped]
 
 from policyhook.adapters import message_kind, message_text, untraced_summary
 from policyhook.errors import UnsafeRecompactionError
-from policyhook.hook import Guard, request
+from policyhook.hook import Guard, GuardedCall, Request, current_request
 from policyhook.provenance import Region, content_of
 
 __all__ = ["GuardedSummarizationNode", "asummarize_messages", "summarize_messages"]
@@ -67,14 +67,6 @@ def _text(summary: Any) -> str:
     return content_of({"content": summary}) or ""
 
 
-def _summarize(value: list[Any], run: Callable[[], str]) -> str:
-    return run()
-
-
-async def _asummarize(value: list[Any], run: Callable[[], Awaitable[str]]) -> str:
-    return await run()
-
-
 def summarize_messages(
     messages: list[AnyMessage],
     *,
@@ -98,22 +90,16 @@ def summarize_messages(
     )
     if not probe.called:
         return dry  # nothing to summarize: langmem did not touch the model
-    outcome: list[SummarizationResult] = []
-
-    def run() -> str:
-        result = upstream.summarize_messages(
-            messages, running_summary=running_summary, model=model, **options
-        )
-        outcome.append(result)
-        return _text(result.running_summary.summary) if result.running_summary else ""
-
-    with _request(messages, window, options):
-        value = _provenance(guard, messages, running_summary, dry)
-        try:
-            guard(summarizer=summarizer_name)(_summarize)(value, run)
-        except UnsafeRecompactionError as refusal:
-            return _refused(refusal, raise_on_refusal, messages, running_summary, options)
-    return outcome[0]
+    current = _request(messages, window, options)
+    value = _provenance(guard, messages, running_summary, dry, current.window)
+    try:
+        with guard.guarding(value, summarizer=summarizer_name, request=current) as call:
+            result = upstream.summarize_messages(
+                messages, running_summary=running_summary, model=model, **options
+            )
+            return _recorded(call, result)
+    except UnsafeRecompactionError as refusal:
+        return _refused(refusal, raise_on_refusal, messages, running_summary, options)
 
 
 async def asummarize_messages(
@@ -134,22 +120,16 @@ async def asummarize_messages(
     )
     if not probe.called:
         return dry
-    outcome: list[SummarizationResult] = []
-
-    async def run() -> str:
-        result = await upstream.asummarize_messages(
-            messages, running_summary=running_summary, model=model, **options
-        )
-        outcome.append(result)
-        return _text(result.running_summary.summary) if result.running_summary else ""
-
-    with _request(messages, window, options):
-        value = _provenance(guard, messages, running_summary, dry)
-        try:
-            await guard(summarizer=summarizer_name)(_asummarize)(value, run)
-        except UnsafeRecompactionError as refusal:
-            return _refused(refusal, raise_on_refusal, messages, running_summary, options)
-    return outcome[0]
+    current = _request(messages, window, options)
+    value = _provenance(guard, messages, running_summary, dry, current.window)
+    try:
+        with guard.guarding(value, summarizer=summarizer_name, request=current) as call:
+            result = await upstream.asummarize_messages(
+                messages, running_summary=running_summary, model=model, **options
+            )
+            return _recorded(call, result)
+    except UnsafeRecompactionError as refusal:
+        return _refused(refusal, raise_on_refusal, messages, running_summary, options)
 
 
 class GuardedSummarizationNode(upstream.SummarizationNode):  # type: ignore[misc]
@@ -218,14 +198,13 @@ def _provenance(
     messages: Sequence[AnyMessage],
     running_summary: RunningSummary | None,
     dry: SummarizationResult,
+    window: str,
 ) -> list[str | Region]:
     """What the summarize call rests on: the running summary, then the messages it folds in."""
-    with request() as current:
-        window = current.window
     value: list[str | Region] = []
     if running_summary is not None:
         text = _text(running_summary.summary)
-        known = guard.ledger.resolve(text, window).region.depth > 0
+        known = guard.provenance(text, window).depth > 0
         value.append(text if known else untraced_summary(text))
     done = running_summary.summarized_message_ids if running_summary is not None else set()
     folded = dry.running_summary.summarized_message_ids - done if dry.running_summary else set()
@@ -238,22 +217,26 @@ def _provenance(
     return value
 
 
-@contextmanager
+def _recorded(call: GuardedCall, result: SummarizationResult) -> SummarizationResult:
+    """Record langmem's new running summary; the result is returned as langmem made it."""
+    call.record(_text(result.running_summary.summary) if result.running_summary else "")
+    return result
+
+
 def _request(
     messages: Sequence[AnyMessage], window: str | None, options: dict[str, Any]
-) -> Iterator[None]:
+) -> Request:
+    """The current request with the messages' size and pressure against `max_tokens`."""
     count = options.get("token_counter", count_tokens_approximately)
     tokens = int(count(messages))
     budget = int(options.get("max_tokens", 0))
-    fields: dict[str, Any] = {
-        "budget_pressure": min(1.0, tokens / budget) if budget > 0 else 0.0,
-        "window_tokens": tokens,
-        "window_budget": budget,
-    }
-    if window is not None:
-        fields["window"] = window
-    with request(**fields):
-        yield
+    current = replace(
+        current_request(),
+        budget_pressure=min(1.0, tokens / budget) if budget > 0 else 0.0,
+        window_tokens=tokens,
+        window_budget=budget,
+    )
+    return current if window is None else replace(current, window=window)
 
 
 def _refused(

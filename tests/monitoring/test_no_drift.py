@@ -117,10 +117,10 @@ EMIT_SCRIPT = textwrap.dedent(r'''
     except policyhook.UnsafeRecompactionError:
         pass
     (folder / "broken.yaml").unlink()
-    assert files.watcher.check(), "reload after removing the broken policy"
+    assert files.reload(), "reload after removing the broken policy"
     (folder / "bad.yaml").write_text("apiVersion: policyhook.dev/v1\nkind: CompactionPolicy\n"
                                      "metadata: {name: bad}\nspec: {rules: [{name: r, expression: '1 +'}]}\n")
-    assert not files.watcher.check(), "a bad policy file must not be put in force"
+    assert not files.reload(), "a bad policy file must not be put in force"
     files.close()
 
     sys.stdout.write(generate_latest(registry).decode())
