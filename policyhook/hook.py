@@ -508,17 +508,28 @@ class Guard:
             try:
                 self.ledger.record_summary(text, resolution.region, window)
             except Exception as error:
-                self._telemetry.store_failed(call._span, "put_summary", error)
+                self._store_failed(call, "put_summary", error)
                 outcome = "store_error"
         if self.archive_originals:
             try:
                 self.ledger.archive(resolution.unregistered)
             except Exception as error:
-                self._telemetry.store_failed(call._span, "put_source", error)
+                self._store_failed(call, "put_source", error)
                 outcome = "store_error"
         if self._telemetry.capture_content:
             self._telemetry.summarized(call._span, "\n".join(texts))
         return outcome
+
+    def _store_failed(self, call: GuardedCall, operation: str, error: Exception) -> None:
+        """After a grant: the output is the caller's whatever the store says; say what was lost."""
+        _logger.warning(
+            "policyhook: store %s failed after %r was granted; the output is returned, but a "
+            "later process will not recognise it as a summary",
+            operation,
+            call.summarizer,
+            exc_info=True,
+        )
+        self._telemetry.store_failed(call._span, operation, error)
 
     def _ended(self, call: GuardedCall, outcome: Outcome) -> None:
         self._telemetry.ended(call._span, outcome, call.summarizer)
@@ -549,6 +560,7 @@ class Guard:
             _logger.warning(
                 "policyhook: store unreachable; treating all %d sources as dead",
                 len(region.sources),
+                exc_info=True,
             )
             self._telemetry.store_failed(span, "live", error)
             return frozenset()

@@ -398,15 +398,10 @@ class Telemetry:
             _failed("count a call's outcome")
 
     def store_failed(self, span: Span, operation: str, error: Exception) -> None:
-        """A store operation failed during a call: logged, counted and marked on the span.
+        """A store operation failed during a call: counted and marked on the span. Never raises.
 
-        The exception's type and message are recorded, never region text (store errors name
-        files and SQL states, not the rows they hold).
+        Only the operation and the exception's type are recorded, never its message or any text.
         """
-        kind = type(error).__qualname__
-        _logger.warning(
-            "policyhook: store %s failed (%s: %s); the call goes on", operation, kind, error
-        )
         try:
             self.store_errors.add(1, {"operation": operation})
         except Exception:
@@ -416,7 +411,10 @@ class Telemetry:
                 span.set_attribute("policyhook.store.error", operation)
                 span.add_event(
                     "policyhook.store.error",
-                    {"policyhook.store.operation": operation, "exception.type": kind},
+                    {
+                        "policyhook.store.operation": operation,
+                        "exception.type": type(error).__qualname__,
+                    },
                 )
         except Exception:
             _failed("record a store error on its span")
