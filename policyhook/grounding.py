@@ -610,13 +610,11 @@ def _numbers(text: str, numbers: list[tuple[int, int, str, str, str]]) -> Iterat
         unit = value.partition(" ")[2]
         same = unit == prev_unit or not unit or not prev_unit
         if not before and same and text[prev_end:start] in _RANGE_JOINS:
-            before = (
-                prev_before  # `lines 174-185`, `5min, 30min, 1h`: a range or list shares context
-            )
+            before = prev_before  # `lines 174-185`, `5min, 30min, 1h`: a range or list
         hi = numbers[i + 1][0] if i + 1 < len(numbers) else len(text)
         segment = text[end : min(hi, end + _WINDOW)]
-        cut = _BREAK_RE.search(segment)
-        after = _context(segment[: cut.start()] if cut else segment)
+        stop = _BREAK_RE.search(segment)
+        after = _context(segment[: stop.start()] if stop else segment)
         prev_end, prev_before, prev_unit = end, before, unit
         context = frozenset([w for w, _ in before] + [w for w, _ in after[:_AFTER]])
         if not context and value == bare:
