@@ -353,10 +353,7 @@ class PostgresStore:
         )
         return {_s(i): state for i, state in rows}
 
-    def put_summary(self, entry: Entry, text: str) -> None:
-        self._record_summary(entry, text)
-
-    def _record_summary(self, entry: Entry, text: str) -> Entry:
+    def put_summary(self, entry: Entry, text: str) -> Entry:
         """Write `entry`, merged with the text's earlier record if any; the window's depth with it.
 
         One statement: a text recorded again keeps the union of both records' parents and

@@ -20,7 +20,6 @@ import json
 import os
 import re
 from collections.abc import Collection, Sequence
-from dataclasses import replace
 from typing import Any
 
 from policyhook.errors import StoreUnavailableError
@@ -355,19 +354,6 @@ def _load(data: bytes) -> Entry:
     )
 
 
-def _merged(entry: Entry, earlier: Entry) -> Entry:
-    """`entry` recorded again over `earlier` (the same text): provenance only grows."""
-    if earlier.depth == 0:
-        return entry
-    return replace(
-        entry,
-        depth=max(entry.depth, earlier.depth),
-        parents=tuple(sorted((set(entry.parents) | set(earlier.parents)) - {entry.id})),
-        sources=tuple(sorted(set(entry.sources) | set(earlier.sources))),
-        source_kinds=tuple(sorted(set(entry.source_kinds) | set(earlier.source_kinds))),
-    )
-
-
 class RedisStore:
     """Sources, summaries and tombstones in one Redis (or Redis Cluster), shared by a fleet.
 
@@ -527,10 +513,7 @@ class RedisStore:
         flat = self._run("states", self._states, self._held, [_b(i) for i in source_ids])
         return {_s(flat[i]): _s(flat[i + 1]) for i in range(0, len(flat), 2)}  # type: ignore[misc]
 
-    def put_summary(self, entry: Entry, text: str) -> None:
-        self._record_summary(entry, text)
-
-    def _record_summary(self, entry: Entry, text: str) -> Entry:
+    def put_summary(self, entry: Entry, text: str) -> Entry:
         """Write `entry`, merged with the text's earlier record if any (compare-and-set)."""
         k = self._k
         keys = [k["seq"], k["entries"], k["log"], k["links"], k["stext"], k["windows"]]
@@ -544,7 +527,7 @@ class RedisStore:
             current = self._run("put_summary", self._put_summary, keys, argv)
             if current is None:
                 return stored
-            expected, stored = current, _merged(entry, _load(current))
+            expected, stored = current, entry.merged(_load(current))
         raise StoreUnavailableError(f"{self._where}: put_summary kept racing other writers")
 
     def lookup(self, digests: Collection[str]) -> dict[str, Entry]:

@@ -86,8 +86,9 @@ class TestOpenStore:
     def test_urls_pick_the_store(self, tmp_path: Path) -> None:
         """memory: and sqlite: URLs open those stores; an unknown scheme is a clear error."""
         assert isinstance(open_store("memory:"), MemoryStore)
-        with contextlib.closing(open_store(f"sqlite://{tmp_path}/a.db")) as store:
-            assert isinstance(store, SQLiteStore) and store.path == tmp_path / "a.db"
+        store = open_store(f"sqlite://{tmp_path}/a.db")
+        assert isinstance(store, SQLiteStore) and store.path == tmp_path / "a.db"
+        store.close()
         with pytest.raises(ValueError, match=r"unknown store URL 'mysql://x'.*postgresql://"):
             open_store("mysql://x")
 

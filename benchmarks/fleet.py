@@ -1,0 +1,188 @@
+"""Fleet benchmark: guarded decisions per second with 1, 4 and 8 worker processes on one store.
+
+    .venv/bin/python benchmarks/fleet.py             # a few minutes; starts its own servers
+    .venv/bin/python benchmarks/fleet.py --quick     # under a minute, fewer decisions
+    .venv/bin/python benchmarks/fleet.py --postgres postgresql://... --redis redis://...
+
+Each worker is its own process (spawned) with its own Guard on the shared store: SQLite (one WAL
+file), PostgreSQL, Redis. The workload is the common one in a fleet: a window whose summary rests
+on 24 sources comes back with a new turn, and the guard decides whether it may be compacted again
+(recognition from the worker's cache, one liveness round trip to the store, the default policy).
+All workers start together (a barrier); throughput is the decisions of all workers over the wall
+time from the barrier to the last worker's end. Per-decision median, mean and p99 are over every
+decision of every worker; the ratio column is the store's median against SQLite's with one
+worker, measured in the same run. PostgreSQL and Redis are started by tests/servers.py on
+127.0.0.1 (as the test suite does) unless URLs are given; they run on the same machine as the
+workers, so with more workers than cores the server competes with them for CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = 24
+WINDOW = "bench-window"
+
+
+def open_store(kind: str, where: str, name: str) -> Any:
+    from policyhook import PostgresStore, RedisStore, SQLiteStore
+
+    if kind == "postgres":
+        return PostgresStore(where, schema=name, pool_size=1)
+    if kind == "redis":
+        return RedisStore(where, namespace=name)
+    return SQLiteStore(where)
+
+
+def texts() -> tuple[list[str], str]:
+    sources = [
+        f"tool(run {i}): exit 0 after {i * 7} ms; wrote /tmp/out-{i}.json" for i in range(SOURCES)
+    ]
+    return sources, "user: and now, what is the status of the deploy?"
+
+
+def prepare(kind: str, where: str, name: str) -> str:
+    """Record the sources and one granted summary of them; returns the summary's text."""
+    from policyhook import Guard, request
+
+    store = open_store(kind, where, name)
+    guard = Guard(store=store)
+    sources, _ = texts()
+    for i, text in enumerate(sources):
+        guard.record_source(text, kind="tool_output", source_id=f"run-{i}")
+
+    def summarize(messages: list[str]) -> str:
+        return f"Summary: {len(messages)} tool runs, all exit 0; outputs in /tmp/out-*.json."
+
+    with request(window=WINDOW):
+        summary = str(guard(summarize, summarizer="compact")(sources))
+    store.close()
+    return summary
+
+
+def worker(spec: tuple[str, str, str], summary: str, count: int, barrier: Any, out: Any) -> None:
+    """Warm up, wait for the others, then time `count` decisions; send the samples back."""
+    from policyhook import Guard, request
+
+    store = open_store(*spec)
+    guard = Guard(store=store)
+    _, turn = texts()
+    value = [summary, turn]
+    with request(window=WINDOW):
+        for _ in range(max(20, count // 10)):
+            assert guard.check(value, summarizer="compact").depth == 1
+        barrier.wait()
+        clock = time.perf_counter_ns
+        samples = []
+        for _ in range(count):
+            start = clock()
+            guard.check(value, summarizer="compact")
+            samples.append(clock() - start)
+        ended = time.perf_counter()
+    store.close()
+    out.put((samples, ended))
+
+
+def run(spec: tuple[str, str, str], summary: str, workers: int, count: int) -> dict[str, float]:
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(workers + 1)
+    out = context.Queue()
+    processes = [
+        context.Process(target=worker, args=(spec, summary, count, barrier, out))
+        for _ in range(workers)
+    ]
+    for p in processes:
+        p.start()
+    barrier.wait(timeout=120)
+    started = time.perf_counter()
+    results = [out.get(timeout=600) for _ in processes]
+    for p in processes:
+        p.join(30)
+    samples = [s for r, _ in results for s in r]
+    wall = max(e for _, e in results) - started
+    ordered = sorted(samples)
+    return {
+        "workers": workers,
+        "per_second": len(samples) / wall,
+        "median_us": statistics.median(samples) / 1000,
+        "mean_us": statistics.fmean(samples) / 1000,
+        "p99_us": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] / 1000,
+    }
+
+
+@contextmanager
+def servers_for(args: argparse.Namespace) -> Iterator[dict[str, str]]:
+    """The stores' locations: given URLs, or servers started for this run (and stopped)."""
+    with ExitStack() as stack:
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ph-fleet-")))
+        where = {"sqlite": str(folder / "fleet.db")}
+        if args.postgres and args.redis:
+            where.update(postgres=args.postgres, redis=args.redis)
+        else:
+            sys.path.insert(0, str(ROOT / "tests"))
+            import servers
+
+            for kind, start in (("postgres", servers.postgres), ("redis", servers.redis)):
+                given = getattr(args, kind)
+                if given:
+                    where[kind] = given
+                    continue
+                managed = start()
+                stack.callback(servers.remove, managed)
+                where[kind] = managed.url
+        yield where
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer decisions per worker")
+    parser.add_argument(
+        "--postgres", metavar="URL", help="use this PostgreSQL (default: start one)"
+    )
+    parser.add_argument("--redis", metavar="URL", help="use this Redis (default: start one)")
+    parser.add_argument("--workers", default="1,4,8", help="worker counts (default 1,4,8)")
+    args = parser.parse_args()
+    count = 200 if args.quick else 1000
+    sizes = [int(n) for n in args.workers.split(",")]
+    rows: list[tuple[str, dict[str, float]]] = []
+    with servers_for(args) as where:
+        for kind in ("sqlite", "postgres", "redis"):
+            for n in sizes:
+                name = f"bench_{os.getpid()}_{kind}_{n}"
+                location = where[kind] if kind != "sqlite" else f"{where['sqlite']}.{n}"
+                spec = (kind, location, name)
+                summary = prepare(*spec)
+                rows.append((kind, run(spec, summary, n, count)))
+                print(f"  {kind} x{n}: {rows[-1][1]['per_second']:,.0f}/s", file=sys.stderr)
+    base = next(r["median_us"] for k, r in rows if k == "sqlite" and r["workers"] == sizes[0])
+    print(
+        f"Fleet: {count} decisions per worker, region of {SOURCES} sources, default policy; "
+        f"{os.cpu_count()} CPUs, Python {platform.python_version()}\n"
+    )
+    print(
+        "| store | workers | decisions/s (all workers) | median µs | mean µs | p99 µs "
+        "| median vs SQLite x1 |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for kind, r in rows:
+        print(
+            f"| {kind} | {r['workers']:.0f} | {r['per_second']:,.0f} | {r['median_us']:,.0f} | "
+            f"{r['mean_us']:,.0f} | {r['p99_us']:,.0f} | {r['median_us'] / base:.2f}x |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
