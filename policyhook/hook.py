@@ -273,7 +273,7 @@ class Guard:
 
         A text quoting known summaries keeps their provenance (see `Ledger.record_source`).
         """
-        return self.ledger.record_source(text, kind, source_id, window=_request().window)
+        return self.ledger.record_source(text, kind, source_id, window=current_request().window)
 
     def provenance(self, value: Any, window: str | None = None) -> Region:
         """What `value` rests on in `window` (default: the current request's), without deciding.

@@ -294,7 +294,8 @@ class Ledger:
         with self._lock:
             self._learn(Entry.of_source(self._key, source, text), data)
         if carried is not None:  # after put_source, which records the text as plain evidence
-            entry = self.store.put_summary(carried, text)
+            stored = self.store.put_summary(carried, text)
+            entry = stored if stored is not None else carried
             with self._lock:
                 self._learn(entry, data)
                 if window in self._windows:
