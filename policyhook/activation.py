@@ -1,8 +1,8 @@
 """The CEL activation: the policy author's contract, declared once here.
 
-The loader type-checks every expression against `SCHEMA`, the guard builds activations with
-`build`, and docs/policies.md's table is generated from `markdown_table`: the three cannot
-drift.
+The loader type-checks every expression against `SCHEMA` (as `CEL_TYPES`), the guard builds
+activations with `build`, and docs/policies.md's table is generated from `markdown_table` — so
+the three cannot drift.
 Activations are plain data (str, int, float, bool, lists): never region text.
 """
 

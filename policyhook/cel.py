@@ -11,6 +11,7 @@ chooses between them.
 from __future__ import annotations
 
 import logging
+import operator
 import sys
 import threading
 from collections.abc import Mapping
@@ -150,6 +151,23 @@ def _uses_has(tree: lark.Tree[Any]) -> bool:
     )
 
 
+def _index(container: Any, index: Any) -> Any:
+    """CEL's `_[_]`: a negative list index is an error, as in CEL (Python would count back)."""
+    if isinstance(container, list) and isinstance(index, int) and index < 0:
+        raise IndexError(f"index {index} out of range")
+    return operator.getitem(container, index)
+
+
+# The compiled runner calls functions by `module.qualname` from celpy.evaluation's namespace:
+# ours is added there under a name of its own (nothing of cel-python's is replaced).
+_index.__module__ = "celpy.evaluation"
+_index.__name__ = _index.__qualname__ = "_policyhook_index"
+setattr(celpy.evaluation, "_policyhook_index", _index)  # noqa: B010
+
+#: cel-python functions replaced where cel-python departs from CEL (and from cel-expr-python).
+_FUNCTIONS: dict[str, Any] = {"_[_]": _index}
+
+
 class CelPythonBackend:
     """cel-python with its compiled runner (transpiled to Python, ~5x the interpreter's speed)."""
 
@@ -162,8 +180,9 @@ class CelPythonBackend:
                 if _uses_has(tree):
                     # The compiled runner transpiles has() to a Python bool that `!`, `&&` and
                     # `||` then reject ("no such overload"); the interpreter gets it right.
-                    return _CelPyProgram(celpy.InterpretedRunner(_environment(), tree))
-                return _CelPyProgram(_environment().program(tree))
+                    runner = celpy.InterpretedRunner(_environment(), tree, _FUNCTIONS)
+                    return _CelPyProgram(runner)
+                return _CelPyProgram(_environment().program(tree, _FUNCTIONS))
             except Exception as exc:
                 raise CompileError(f"cannot compile: {exc}") from None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from importlib import resources
@@ -58,8 +59,53 @@ class Located(dict[str, Any]):
         return base_line + line - 1, base_column + column - 1 if line == 1 else column
 
 
+#: Bounds on a policy file: its size, and how deep its YAML may nest (a policy needs about 6).
+MAX_FILE_BYTES = 1 << 20
+MAX_YAML_DEPTH = 32
+
+
 class LocatingLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that records positions, so errors can name a line."""
+    """yaml.SafeLoader that records positions, so errors can name a line.
+
+    It also refuses what a policy never needs and an attacker would use: aliases and anchors
+    (a few hundred bytes of nested aliases expand to gigabytes) and nesting deeper than
+    `MAX_YAML_DEPTH` (thousands of `{a:` exhaust the recursion limit). Both are YAML errors with
+    the line they start on, found before anything is expanded.
+    """
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event: Any = self.peek_event()  # type: ignore[no-untyped-call]
+        mark: Any = event.start_mark
+        if isinstance(event, yaml.AliasEvent):
+            raise yaml.composer.ComposerError(
+                None, None, "aliases (*name) are not allowed in policy files", mark
+            )
+        if getattr(event, "anchor", None) is not None:
+            raise yaml.composer.ComposerError(
+                None, None, "anchors (&name) are not allowed in policy files", mark
+            )
+        if isinstance(event, yaml.ScalarEvent) and not event.value.isascii():
+            try:
+                event.value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                code = ord(event.value[exc.start])
+                raise yaml.composer.ComposerError(
+                    None, None, f"\\u{code:04x} is a lone surrogate, not text", mark
+                ) from None
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None,
+                    None,
+                    f"nesting deeper than {MAX_YAML_DEPTH} levels is not allowed in policy files",
+                    mark,
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         mapping = Located(
@@ -119,10 +165,15 @@ def policy_files(path: str | Path) -> list[Path]:
     A folder is one policy set, as `kubectl apply -f DIR` takes one; subfolders hold other sets.
     """
     root = Path(path)
-    if root.is_file():
-        return [root]
-    if not root.is_dir():
+    try:
+        is_dir = root.is_dir()
+        exists = is_dir or root.exists() or root.is_symlink()
+    except OSError as exc:
+        raise PolicyError([PolicyIssue(str(root), str(exc), code="io")]) from None
+    if not exists:
         raise PolicyError([PolicyIssue(str(root), "no such file or directory", code="io")])
+    if not is_dir:
+        return [root]
     found = sorted(
         p for p in root.iterdir() if p.suffix in (".yaml", ".yml") and not is_test_file(p)
     )
@@ -131,15 +182,49 @@ def policy_files(path: str | Path) -> list[Path]:
     return found
 
 
+def read_policy_file(file: Path) -> str:
+    """The text of one policy file: a regular file of at most MAX_FILE_BYTES, in UTF-8.
+
+    Opened without blocking and checked before reading, so a FIFO, a device (/dev/zero) or an
+    endless file is a clear error at once instead of a hang.
+    """
+    try:
+        fd = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise PolicyError([PolicyIssue(str(file), exc.strerror or str(exc), code="io")]) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a FIFO" if stat.S_ISFIFO(info.st_mode) else "not a regular file"
+            if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode):
+                kind = "a device"
+            elif stat.S_ISSOCK(info.st_mode):
+                kind = "a socket"
+            message = f"{kind}: only regular files are read as policies"
+            raise PolicyError([PolicyIssue(str(file), message, code="io")])
+        if info.st_size > MAX_FILE_BYTES:
+            message = f"{info.st_size:,} bytes, over the limit of {MAX_FILE_BYTES:,} per file"
+            raise PolicyError([PolicyIssue(str(file), message, code="io")])
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            data = handle.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise PolicyError([PolicyIssue(str(file), str(exc), code="io")]) from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:
+        message = f"grew past the limit of {MAX_FILE_BYTES:,} bytes while being read"
+        raise PolicyError([PolicyIssue(str(file), message, code="io")])
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        message = f"not UTF-8: byte 0x{data[exc.start]:02x} cannot be decoded"
+        raise PolicyError([PolicyIssue(str(file), message, line=line, code="io")]) from None
+
+
 def read_sources(path: str | Path) -> list[tuple[str, str]]:
     """(file name, text) of every policy file under `path`."""
-    sources = []
-    for file in policy_files(path):
-        try:
-            sources.append((str(file), file.read_text(encoding="utf-8")))
-        except (OSError, UnicodeDecodeError) as exc:
-            raise PolicyError([PolicyIssue(str(file), str(exc), code="io")]) from None
-    return sources
+    return [(str(file), read_policy_file(file)) for file in policy_files(path)]
 
 
 def revision_of(sources: Iterable[tuple[str, str]]) -> str:
@@ -175,6 +260,10 @@ def compile_sources(
     policies: list[Policy] = []
     where: dict[str, str] = {}
     for file, text in sources:
+        if len(text) > MAX_FILE_BYTES:
+            message = f"{len(text):,} characters, over the limit of {MAX_FILE_BYTES:,} per file"
+            issues.append(PolicyIssue(file, message, code="io"))
+            continue
         for policy in _compile_file(file, text, backend, issues):
             if policy.name in where:
                 issues.append(

@@ -112,13 +112,24 @@ class PolicySet:
 
     def decide(self, activation: Mapping[str, Any], *, explain: bool = False) -> Decision:
         """Decide one call. Deny overrides allow; an enforce denial beats an audit/warn one."""
-        context = self.backend.context(activation)
+        unreadable = unrepresentable(activation)
+        context = None
+        if unreadable is None:
+            try:
+                context = self.backend.context(activation)
+            except Exception as exc:  # a value the backend cannot convert: decided, not raised
+                unreadable = f"the activation cannot be converted: {type(exc).__name__}: {exc}"
         sizes = _list_sizes(activation)
         violations: list[Violation] = []
         errors: list[Violation] = []
         explanation: list[dict[str, Any]] = []
         for policy in self.policies:
-            report = _evaluate(policy, self.backend, context, sizes, violations, errors, explain)
+            if unreadable is not None:
+                report = _unreadable(policy, unreadable, violations, errors)
+            else:
+                report = _evaluate(
+                    policy, self.backend, context, sizes, violations, errors, explain
+                )
             if explain:
                 explanation.append(report)
         region = activation["region"]
@@ -140,6 +151,71 @@ class PolicySet:
             errors=tuple(errors),
             explanation=tuple(explanation),
         )
+
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def unrepresentable(activation: Mapping[str, Any]) -> str | None:
+    """Why CEL cannot hold some value of `activation` (an int past int64, a lone surrogate).
+
+    Such an activation is not evaluated at all: every policy fails through its failurePolicy
+    with this reason, on every backend alike, instead of one backend raising and another
+    wrapping or replacing the value.
+    """
+    for name, fields in activation.items():
+        if not isinstance(fields, Mapping):
+            continue
+        for key, value in fields.items():
+            problem = _problem(value)
+            if problem is not None:
+                return f"{name}.{key}{'' if problem.startswith('[') else ' '}{problem}"
+    return None
+
+
+def _problem(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        if INT64_MIN <= value <= INT64_MAX:
+            return None
+        shown = str(value) if len(str(value)) <= 24 else f"about 10^{len(str(abs(value))) - 1}"
+        return f"is {shown}, outside CEL's int range (-2^63 .. 2^63-1)"
+    if isinstance(value, str):
+        return None if value.isascii() or _utf8(value) else "holds a lone surrogate"
+    if isinstance(value, list | tuple):
+        strings = [v for v in value if isinstance(v, str)]
+        joined = "\0".join(strings)
+        if not joined.isascii() and not _utf8(joined):
+            index = next(i for i, v in enumerate(value) if isinstance(v, str) and not _utf8(v))
+            return f"[{index}] holds a lone surrogate"
+        for index, item in enumerate(value):
+            if not isinstance(item, str):
+                problem = _problem(item)
+                if problem is not None:
+                    return f"[{index}] {problem}"
+    return None
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _unreadable(
+    policy: Policy, reason: str, violations: list[Violation], errors: list[Violation]
+) -> dict[str, Any]:
+    """A policy that cannot run on this activation: an error, decided by its failurePolicy."""
+    violation = Violation(
+        policy.name, "activation", f"could not evaluate: {reason}", policy.mode, error=reason
+    )
+    errors.append(violation)
+    if policy.failure_policy == "deny":
+        violations.append(violation)
+    return {"policy": policy.name, "mode": policy.mode, "matched": None, "error": reason}
 
 
 def _list_sizes(activation: Mapping[str, Any]) -> dict[str, int]:

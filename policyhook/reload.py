@@ -14,7 +14,7 @@ from pathlib import Path
 
 from policyhook import _fork
 from policyhook.cel import Backend
-from policyhook.errors import PolicyError
+from policyhook.errors import PolicyError, PolicyIssue
 from policyhook.loader import compile_sources, read_sources, revision_of
 from policyhook.policy import PolicySet
 
@@ -61,6 +61,9 @@ class PolicyWatcher:
                 candidate = compile_sources(sources, backend=self.backend)
             except PolicyError as exc:
                 return self._failed(exc, revision)
+            except Exception as exc:  # a loader bug is still a failed reload, counted and logged
+                issue = PolicyIssue(str(self.path), f"{type(exc).__name__}: {exc}", code="internal")
+                return self._failed(PolicyError([issue]), revision)
             self.current = candidate  # one reference assignment: atomic for readers
             self.last_error = None
             self._failed_revision = None

@@ -215,6 +215,7 @@ class TestDefaultPolicy:
 RUNTIME_ERRORS = {
     "missing-key": '{"a": 1}.b == 1',
     "missing-index": "region.sources[7] == 'x'",
+    "negative-index": "region.sources[-1] == 'x'",
     "division-by-zero": "region.depth / 0 == 1",
     "modulo-by-zero": "region.depth % 0 == 1",
     "overflow": "region.depth + 9223372036854775807 > 0",
@@ -520,3 +521,125 @@ class TestThreads:
         for thread in threads:
             thread.join()
         assert failures == []
+
+
+def many(n: int, dead_every: int = 0) -> dict[str, dict[str, Any]]:
+    """An activation over `n` sources, every `dead_every`-th of them dead (none when 0)."""
+    sources = tuple(f"src-{i:05d}" for i in range(n))
+    dead = sources[::dead_every] if dead_every else ()
+    return activation(depth=2, sources=sources, dead=dead)
+
+
+class TestCostLimit:
+    """One cost limit on both backends (as Kubernetes' for ValidatingAdmissionPolicy)."""
+
+    @pytest.mark.parametrize(
+        ("expression", "reason"),
+        [
+            (
+                "[1,2,3,4,5,6,7,8,9,10].all(a, [1,2,3,4,5,6,7,8,9,10].all(b, "
+                "[1,2,3,4,5,6,7,8,9,10].all(c, [1,2,3,4,5,6,7,8,9,10].all(d, "
+                "[1,2,3,4,5,6,7,8,9,10].all(e, [1,2,3,4,5,6,7,8,9,10].all(f, true))))))",
+                "may iterate 1,111,110 times",
+            ),
+            (
+                "region.sources.all(s, region.live_sources.exists(t, t == s))",
+                "may iterate 1,001,000 times",
+            ),
+            (
+                "region.sources.all(s, region.sources.all(t, t in region.live_sources))",
+                "may iterate 1,001,000 times",
+            ),
+        ],
+        ids=["six-nested-all", "quadratic-exists", "cubic-in"],
+    )
+    def test_costly_rules_are_refused_at_load(
+        self, backend: cel.Backend, expression: str, reason: str
+    ) -> None:
+        """Rules whose worst case at 1,000 elements per list is over the limit never load."""
+        with pytest.raises(PolicyError) as raised:
+            compile_sources([("p.yaml", policy(rule(expression)))], backend=backend)
+        message = str(raised.value)
+        assert "cost: policy 'p' rule 'r'" in message and reason in message
+        assert "with 1,000 elements in each list" in message
+
+    @pytest.mark.parametrize("failure", ["deny", "allow"])
+    def test_iteration_limit_at_10000_sources_decides_alike(
+        self, slow: cel.Backend, fast: cel.Backend, failure: str, no_force_audit: None
+    ) -> None:
+        """.all() over 10,000 sources is over the limit on both backends: failurePolicy decides."""
+        text = policy(rule("region.sources.all(s, s.startsWith('src-'))"), failure=failure)
+        policies = compile_both(text, slow, fast)
+        first, _ = assert_same(policies, many(10_000))
+        assert [e.rule for e in first.errors] == ["r"]
+        assert first.errors[0].error == (
+            "cost limit: this expression may iterate 10,000 times over these lists, over the "
+            "limit of 9,999 per evaluation"
+        )
+        assert first.effect == ("deny" if failure == "deny" else "allow")
+        below, _ = assert_same(policies, many(9_999))  # just under the limit: evaluated
+        assert (below.effect, below.errors) == ("allow", ())
+
+    def test_scan_cost_limit_decides_alike(
+        self, slow: cel.Backend, fast: cel.Backend, no_force_audit: None
+    ) -> None:
+        """A rule that scans a list per element fails closed once the scans pass the cost limit."""
+        text = policy(rule("region.sources.all(s, s in region.sources)"))
+        policies = compile_both(text, slow, fast)
+        first, _ = assert_same(policies, many(3_200))
+        assert first.effect == "deny" and "may cost 10,252,802 units" in str(first.errors[0].error)
+        small, _ = assert_same(policies, many(100))
+        assert small.effect == "allow"
+
+
+class TestUnrepresentableValues:
+    @pytest.mark.parametrize("failure", ["deny", "allow"])
+    @pytest.mark.parametrize(
+        ("variable", "field", "value", "reason"),
+        [
+            ("window", "tokens", 2**63, "window.tokens is 9223372036854775808, outside CEL's int"),
+            ("request", "attempt", -(2**63) - 1, "request.attempt is -9223372036854775809"),
+            ("region", "tokens", 10**30, "region.tokens is about 10^30, outside CEL's int range"),
+            ("summarizer", "name", "cut \ud83d", "summarizer.name holds a lone surrogate"),
+            ("region", "sources", ["a", "b\udc00"], "region.sources[1] holds a lone surrogate"),
+        ],
+    )
+    def test_values_cel_cannot_hold_decide_alike(
+        self,
+        slow: cel.Backend,
+        fast: cel.Backend,
+        failure: str,
+        variable: str,
+        field: str,
+        value: Any,
+        reason: str,
+        no_force_audit: None,
+    ) -> None:
+        """Past-int64 numbers and lone surrogates give a decision through failurePolicy, never a raise."""
+        text = policy(rule("region.depth >= 0"), failure=failure)
+        act = activation(depth=2)
+        act[variable][field] = value
+        first, _ = assert_same(compile_both(text, slow, fast), act)
+        assert (first.rule, first.errors[0].rule) == ("activation", "activation") or (
+            failure == "allow" and first.errors[0].rule == "activation"
+        )
+        assert reason in str(first.errors[0].error)
+        assert first.effect == ("deny" if failure == "deny" else "allow")
+
+
+def test_the_hosts_recursion_limit_is_left_alone() -> None:
+    """Importing policyhook and compiling with cel-python keep the host's recursion limit."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.setrecursionlimit(1234)\n"
+        "import policyhook\n"
+        "from policyhook.backends import available_backends\n"
+        "from policyhook.loader import load_default\n"
+        "for b in available_backends(): load_default(backend=b)\n"
+        "print(sys.getrecursionlimit())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "1234"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -499,3 +500,123 @@ def test_shipped_policy_tests_pass_under_every_backend(backend: Any) -> None:
     results = run_tests(test_files(root), backend=backend)
     assert len(results) >= 15
     assert [(r.file, r.name, r.actual) for r in results if r.status != "passed"] == []
+
+
+def finishes(work: Callable[[], Any], seconds: float = 20.0) -> Any:
+    """Run `work` in a thread; fail (instead of hanging the suite) if it does not return."""
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = work()
+        except BaseException as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still running after {seconds} s"
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+BOMB = "".join(
+    f"x{i}: &x{i} [{', '.join([f'*x{i - 1}'] * 9) if i else ', '.join(['lol'] * 9)}]\n"
+    for i in range(9)
+)
+
+
+class TestHostileFiles:
+    @pytest.mark.parametrize(
+        "field",
+        ["description", "message", "mode", "name", "expression", "apiVersion", "failurePolicy"],
+    )
+    def test_alias_bomb_is_refused_with_its_line(self, compile_policy: Compile, field: str) -> None:
+        """A billion-laughs alias bomb in any field is a PolicyError naming the line, not a hang."""
+        text = (
+            "apiVersion: policyhook.dev/v1\nkind: CompactionPolicy\nmetadata: {name: p}\n"
+            "spec:\n  description: d\n  mode: enforce\n  failurePolicy: deny\n"
+            "  rules:\n    - {name: r, expression: 'true', message: m}\n"
+        )
+        text = {
+            "description": text.replace("description: d", "description: *x8"),
+            "message": text.replace("message: m", "message: *x8"),
+            "mode": text.replace("mode: enforce", "mode: *x8"),
+            "name": text.replace("name: p", "name: *x8"),
+            "expression": text.replace("expression: 'true'", "expression: *x8"),
+            "apiVersion": text.replace("apiVersion: policyhook.dev/v1", "apiVersion: *x8"),
+            "failurePolicy": text.replace("failurePolicy: deny", "failurePolicy: *x8"),
+        }[field]
+        with pytest.raises(PolicyError) as raised:
+            finishes(lambda: compile_policy(BOMB + text, name="p.yaml"))
+        message = str(raised.value)
+        assert message.startswith("p.yaml:1:") and "anchors (&name) are not allowed" in message
+
+    def test_alias_alone_is_refused(self, compile_policy: Compile) -> None:
+        """An alias is refused where it stands, even to an anchor that was never defined."""
+        text = policy(RULE_OK, spec="  description: *nowhere\n")
+        message = load_error(compile_policy, text)
+        assert message.startswith("p.yaml:6:16:") and "aliases (*name) are not allowed" in message
+
+    @pytest.mark.parametrize("opening", ["{a: ", "[", "- "])
+    def test_deep_nesting_is_refused(self, compile_policy: Compile, opening: str) -> None:
+        """Thousands of nested mappings or lists are a PolicyError, never a RecursionError."""
+        closing = {"{a: ": "}", "[": "]", "- ": ""}[opening]
+        text = opening * 3000 + "x" + closing * 3000
+        with pytest.raises(PolicyError, match="nesting deeper than 32 levels is not allowed"):
+            finishes(lambda: compile_policy(text, name="p.yaml"))
+
+    def test_lone_surrogate_escape_is_refused(self, compile_policy: Compile) -> None:
+        """A "\\ud800" escape in a policy string is an error with its line, not bad text later."""
+        message = load_error(compile_policy, policy(RULE_OK + '      message: "cut \\ud83d"\n'))
+        assert message.startswith("p.yaml:9:") and "\\ud83d is a lone surrogate" in message
+
+    def test_oversized_text_is_refused(self, compile_policy: Compile) -> None:
+        """A policy text over the size limit is refused before it is parsed."""
+        from policyhook.loader import MAX_FILE_BYTES
+
+        text = policy(RULE_OK) + "#" * MAX_FILE_BYTES
+        assert "over the limit of 1,048,576 per file" in load_error(compile_policy, text)
+
+
+class TestPolicyFiles:
+    def test_fifo_in_a_folder_is_an_error_not_a_hang(self, tmp_path: Path) -> None:
+        """A FIFO named *.yaml in a policy folder is a clear error at once (nobody writes to it)."""
+        (tmp_path / "a.yaml").write_text(policy(RULE_OK))
+        os.mkfifo(tmp_path / "b.yaml")
+        with pytest.raises(PolicyError, match=r"b\.yaml: io: a FIFO: only regular files"):
+            finishes(lambda: load(tmp_path), seconds=5)
+
+    def test_fifo_as_the_path_is_an_error(self, tmp_path: Path) -> None:
+        """A FIFO given as the policy path itself is refused the same way."""
+        os.mkfifo(tmp_path / "p.yaml")
+        with pytest.raises(PolicyError, match="a FIFO"):
+            finishes(lambda: load(tmp_path / "p.yaml"), seconds=5)
+
+    def test_device_is_an_error(self) -> None:
+        """/dev/zero is never read (it would fill memory): it is not a regular file."""
+        with pytest.raises(PolicyError, match="/dev/zero: io: a device"):
+            finishes(lambda: load("/dev/zero"), seconds=5)
+
+    def test_oversized_file_is_refused_unread(self, tmp_path: Path) -> None:
+        """A policy file over 1 MiB is refused from its size."""
+        (tmp_path / "big.yaml").write_text(policy(RULE_OK) + "#" * (1 << 20))
+        with pytest.raises(PolicyError, match="over the limit of 1,048,576 per file"):
+            load(tmp_path)
+
+    def test_invalid_utf8_names_the_line(self, tmp_path: Path) -> None:
+        """Bytes that are not UTF-8 are an error naming file and line."""
+        (tmp_path / "p.yaml").write_bytes(policy(RULE_OK).encode() + b"# caf\xe9\n")
+        with pytest.raises(PolicyError, match=r"p\.yaml:9: io: not UTF-8: byte 0xe9"):
+            load(tmp_path)
+
+    def test_symlink_to_a_regular_file_is_read(self, tmp_path: Path) -> None:
+        """A symlink to a policy file is followed (only what it points to must be regular)."""
+        (tmp_path / "real.txt").write_text(policy(RULE_OK))
+        folder = tmp_path / "set"
+        folder.mkdir()
+        (folder / "p.yaml").symlink_to(tmp_path / "real.txt")
+        assert [p.name for p in load(folder).policies] == ["p"]

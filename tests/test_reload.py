@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -127,3 +128,55 @@ def test_concurrent_calls_each_see_one_complete_revision(policy_dir: Path) -> No
         generations_by_revision.setdefault(decision.revision, set()).update(messages)
     assert all(len(g) == 1 for g in generations_by_revision.values())
     assert len(generations_by_revision) > 1  # reloads really happened during the calls
+
+
+class TestHostileEdits:
+    def test_alias_bomb_is_a_counted_failure(self, policy_dir: Path) -> None:
+        """A YAML bomb written over a watched file fails the reload at once; the last set stays."""
+        outcomes: list[tuple[str, str]] = []
+        watcher = PolicyWatcher(
+            policy_dir, interval=0, on_reload=lambda o, r: outcomes.append((o, r))
+        )
+        good = watcher.current
+        bomb = "".join(
+            f"x{i}: &x{i} [{', '.join([f'*x{i - 1}'] * 9) if i else 'lol'}]\n" for i in range(9)
+        )
+        (policy_dir / "p.yaml").write_text(bomb + generation(2))
+        assert watcher.check() is False
+        assert watcher.current is good
+        assert outcomes == [("failure", good.revision)]
+        assert watcher.last_error is not None
+        assert "p.yaml:1:" in str(watcher.last_error) and "anchors" in str(watcher.last_error)
+
+    def test_deep_nesting_is_a_counted_failure(self, policy_dir: Path) -> None:
+        """Thousands of nested mappings fail the reload as a PolicyError, not a RecursionError."""
+        outcomes: list[str] = []
+        watcher = PolicyWatcher(policy_dir, interval=0, on_reload=lambda o, r: outcomes.append(o))
+        (policy_dir / "p.yaml").write_text("{a: " * 5000 + "x" + "}" * 5000)
+        assert watcher.check() is False
+        assert outcomes == ["failure"]
+        assert "nesting deeper than" in str(watcher.last_error)
+
+    def test_fifo_appearing_later_fails_the_reload_and_close_is_prompt(
+        self, policy_dir: Path
+    ) -> None:
+        """A FIFO *.yaml appearing in a watched folder is a failed reload; close() does not wait."""
+        guard = Guard.from_path(policy_dir, reload_interval=0.02)
+        watcher = guard.watcher
+        assert watcher is not None
+        good = watcher.current
+        os.mkfifo(policy_dir / "late.yaml")
+        failed = threading.Event()
+        for _ in range(250):
+            if watcher.last_error is not None:
+                failed.set()
+                break
+            failed.wait(0.02)
+        assert failed.is_set(), "the reload thread never reported the FIFO"
+        assert "late.yaml: io: a FIFO" in str(watcher.last_error)
+        assert guard.policies is good
+        assert guard.check("text", summarizer="s").revision == good.revision  # calls still decided
+        closer = threading.Thread(target=guard.close)
+        closer.start()
+        closer.join(3)
+        assert not closer.is_alive(), "close() is waiting on the reload thread"
