@@ -157,13 +157,14 @@ class TestHostileEdits:
         assert outcomes == ["failure"]
         assert "nesting deeper than" in str(watcher.last_error)
 
-    def test_fifo_appearing_later_fails_the_reload_and_close_is_prompt(
+    def test_fifo_appearing_later_fails_the_reload_and_stop_is_prompt(
         self, policy_dir: Path
     ) -> None:
-        """A FIFO *.yaml appearing in a watched folder is a failed reload; close() does not wait."""
-        guard = Guard.from_path(policy_dir, reload_interval=0.02)
-        watcher = guard.watcher
-        assert watcher is not None
+        """A FIFO *.yaml appearing in a watched folder is a failed reload; stop() does not wait."""
+        outcomes: list[str] = []
+        watcher = PolicyWatcher(
+            policy_dir, interval=0.02, on_reload=lambda o, r: outcomes.append(o)
+        ).start()
         good = watcher.current
         os.mkfifo(policy_dir / "late.yaml")
         failed = threading.Event()
@@ -174,9 +175,8 @@ class TestHostileEdits:
             failed.wait(0.02)
         assert failed.is_set(), "the reload thread never reported the FIFO"
         assert "late.yaml: io: a FIFO" in str(watcher.last_error)
-        assert guard.policies is good
-        assert guard.check("text", summarizer="s").revision == good.revision  # calls still decided
-        closer = threading.Thread(target=guard.close)
-        closer.start()
-        closer.join(3)
-        assert not closer.is_alive(), "close() is waiting on the reload thread"
+        assert watcher.current is good and outcomes == ["failure"]
+        stopper = threading.Thread(target=watcher.stop)
+        stopper.start()
+        stopper.join(3)
+        assert not stopper.is_alive(), "stop() is waiting on the reload thread"
