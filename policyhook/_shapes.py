@@ -97,6 +97,17 @@ def text(value: Any, *, where: str = "input") -> str:
     return "\n".join(read(value, where=where))
 
 
+def check_id(name: str, value: str) -> None:
+    """Ids (windows, sources, kinds) are keys shared by stores, logs and policies, and must be
+    exact: one holding a lone surrogate (a cut character) is refused where it enters, so no part
+    sees it. Texts may hold them (every part passes them through)."""
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f'"{name}" must not hold a lone surrogate: {value!r}') from None
+
+
 def _getter(value: Any) -> Callable[[str], Any]:
     if isinstance(value, Mapping):
         return value.get
