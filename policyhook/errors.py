@@ -33,6 +33,11 @@ class UnsafeRecompactionError(RuntimeError):
         return self.decision.message
 
     @property
+    def remedy(self) -> str:
+        """The way forward the refusing rule names (see `policyhook.remedies`), or ""."""
+        return self.decision.remedy
+
+    @property
     def region_id(self) -> str:
         return self.decision.region_id
 

@@ -17,22 +17,23 @@ import functools
 import inspect
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar, cast, overload
 
-from policyhook import _shapes
+from policyhook import _shapes, remedies
 from policyhook import activation as schema
 from policyhook.cel import Backend
 from policyhook.decisionlog import DecisionLog, Outcome
 from policyhook.errors import UnsafeRecompactionError
 from policyhook.loader import load_default
 from policyhook.policy import Decision, PolicySet
-from policyhook.provenance import Ledger, Region, Resolution, Source
+from policyhook.provenance import Ledger, Region, Resolution, Source, text_id
 from policyhook.reload import PolicyWatcher
+from policyhook.remedies import Escalation, Remedied
 from policyhook.stores import MemoryStore, Store
 from policyhook.telemetry import MeterProvider, Span, Telemetry, TracerProvider
 
@@ -74,7 +75,6 @@ class Request:
                 raise ValueError(f'"{name}" must be an int within {low}..2**63-1: {value!r}')
         if not isinstance(self.window, str) or not self.window:
             raise ValueError(f'"window" must be a non-empty str: {self.window!r}')
-        _shapes.check_id("window", self.window)
 
 
 _current_request: ContextVar[Request | None] = ContextVar("policyhook_request", default=None)
@@ -210,8 +210,12 @@ class Guard:
         meter_provider: MeterProvider | None = None,
         count_tokens: Callable[[str], int] | None = None,
         max_texts_per_window: int = 1024,
+        escalation: Escalation | None = None,
+        pin_limit: int = 40,
     ) -> None:
         self.store: Store = store if store is not None else MemoryStore()
+        self.escalation = escalation
+        self.pin_limit = pin_limit
         self.ledger = Ledger(self.store, max_texts_per_window=max_texts_per_window)
         self._telemetry = Telemetry(
             tracer_provider=tracer_provider,
@@ -338,6 +342,8 @@ class Guard:
         idempotent: bool = False,
         trigger: str = "automatic",
         extractor: Callable[..., Any] | None = None,
+        remedy: bool = False,
+        budget_chars: int | None = None,
     ) -> F: ...
 
     @overload
@@ -350,6 +356,8 @@ class Guard:
         idempotent: bool = False,
         trigger: str = "automatic",
         extractor: Callable[..., Any] | None = None,
+        remedy: bool = False,
+        budget_chars: int | None = None,
     ) -> Callable[[F], F]: ...
 
     def __call__(
@@ -361,6 +369,8 @@ class Guard:
         idempotent: bool = False,
         trigger: str = "automatic",
         extractor: Callable[..., Any] | None = None,
+        remedy: bool = False,
+        budget_chars: int | None = None,
     ) -> F | Callable[[F], F]:
         """Guard a summarize function (sync or async, plain or method), through `guarding`.
 
@@ -368,6 +378,12 @@ class Guard:
         `lossless` / `idempotent` declare properties policies may exempt; `trigger` is the default
         when no `policyhook.request(...)` says otherwise; `extractor(*args, **kwargs)` returns the
         input for signatures whose first argument is not it.
+
+        With `remedy=True` a refusal does not raise: the refusing rule's remedy runs (see
+        `Guard.remedy`; `rederive` calls this function on chunks of at most `budget_chars` of live
+        originals) and its text is returned in place of the summary, so a caller that replaces
+        the region with what the summarizer returned keeps going, in budget. Only when no remedy
+        can run (the store cannot archive) is the refusal raised.
         """
         if trigger not in schema.TRIGGERS:
             raise ValueError(f'"trigger" must be automatic or manual: {trigger!r}')
@@ -388,21 +404,225 @@ class Guard:
 
             if inspect.iscoroutinefunction(fn):
 
-                @functools.wraps(fn)
-                async def guarded_async(*args: Any, **kwargs: Any) -> Any:
+                async def summarize_async(*args: Any, **kwargs: Any) -> Any:
                     with call(args, kwargs) as guarded:
                         return guarded.record(await fn(*args, **kwargs))
 
+                @functools.wraps(fn)
+                async def guarded_async(*args: Any, **kwargs: Any) -> Any:
+                    if not remedy:
+                        return await summarize_async(*args, **kwargs)
+                    try:
+                        return await summarize_async(*args, **kwargs)
+                    except UnsafeRecompactionError as refusal:
+                        again = _with_input(spec, args, kwargs, summarize_async)
+                        remedied = await self.aremedy(
+                            refusal,
+                            spec.input(args, kwargs),
+                            summarize=again,
+                            budget_chars=budget_chars,
+                            summarizer=spec.name,
+                        )
+                        return remedied.text
+
                 return cast(F, guarded_async)
+
+            def summarize_sync(*args: Any, **kwargs: Any) -> Any:
+                with call(args, kwargs) as guarded:
+                    return guarded.record(fn(*args, **kwargs))
 
             @functools.wraps(fn)
             def guarded_sync(*args: Any, **kwargs: Any) -> Any:
-                with call(args, kwargs) as guarded:
-                    return guarded.record(fn(*args, **kwargs))
+                if not remedy:
+                    return summarize_sync(*args, **kwargs)
+                try:
+                    return summarize_sync(*args, **kwargs)
+                except UnsafeRecompactionError as refusal:
+                    remedied = self.remedy(
+                        refusal,
+                        spec.input(args, kwargs),
+                        summarize=_with_input(spec, args, kwargs, summarize_sync),
+                        budget_chars=budget_chars,
+                        summarizer=spec.name,
+                    )
+                    return remedied.text
 
             return cast(F, guarded_sync)
 
         return decorate(fn) if fn is not None else decorate
+
+    # -- after a refusal: the way forward -------------------------------------------------------
+
+    def remedy(
+        self,
+        refusal: UnsafeRecompactionError,
+        value: Any,
+        *,
+        summarize: Callable[[list[str]], Any] | None = None,
+        budget_chars: int | None = None,
+        summarizer: str = "",
+        window: str | None = None,
+    ) -> Remedied:
+        """Run the remedy `refusal` names for the refused call on `value`; `.text` is what to put
+        in the window where the summary would have gone (see `policyhook.remedies`).
+
+        `summarize(texts)` is what `rederive` runs on chunks of at most `budget_chars` characters
+        of live originals: the summarizer the refused call would have used. A remedy that cannot
+        run falls back to `pin` (lossless); when even that fails (the store cannot archive), the
+        refusal is raised again, so the caller keeps its window and nothing is lost. Traced as a
+        `policyhook.remedy` span and counted on `policyhook.remedies`.
+        """
+        window = window or current_request().window
+        situation = self._situation(refusal, value, summarize is not None, budget_chars, window)
+        steps = remedies.plan(situation, self._offload)
+        with self._telemetry.remedying(refusal.decision, summarizer) as span:
+            answer: Any = None
+            try:
+                while True:
+                    step, texts = steps.send(answer)
+                    if step == "summarize":
+                        assert summarize is not None and texts is not None
+                        answer = "\n".join(_texts(summarize(texts)))
+                    else:
+                        answer = self._escalation().ask(refusal)
+            except StopIteration as done:
+                return self._remedied(done.value, situation, refusal, window, summarizer, span)
+            except Exception as error:
+                self._remedy_failed(refusal, error, summarizer, span)
+                raise refusal from error
+
+    async def aremedy(
+        self,
+        refusal: UnsafeRecompactionError,
+        value: Any,
+        *,
+        summarize: Callable[[list[str]], Awaitable[Any]] | None = None,
+        budget_chars: int | None = None,
+        summarizer: str = "",
+        window: str | None = None,
+    ) -> Remedied:
+        """`remedy` for async callers: `summarize` is awaited and an escalation never blocks the
+        event loop. The same plan runs (`policyhook.remedies.plan`); only the driver differs."""
+        window = window or current_request().window
+        situation = self._situation(refusal, value, summarize is not None, budget_chars, window)
+        steps = remedies.plan(situation, self._offload)
+        with self._telemetry.remedying(refusal.decision, summarizer) as span:
+            answer: Any = None
+            try:
+                while True:
+                    step, texts = steps.send(answer)
+                    if step == "summarize":
+                        assert summarize is not None and texts is not None
+                        answer = "\n".join(_texts(await summarize(texts)))
+                    else:
+                        answer = await self._escalation().aask(refusal)
+            except StopIteration as done:
+                return self._remedied(done.value, situation, refusal, window, summarizer, span)
+            except Exception as error:
+                self._remedy_failed(refusal, error, summarizer, span)
+                raise refusal from error
+
+    def retrieve(self, ref: str) -> list[str]:
+        """The texts an offload archived under `ref`, exactly as they were.
+
+        A KeyError when the store no longer holds them (evicted, expired, or never offloaded).
+        """
+        payload = self.store.get_source(ref)
+        if payload is None:
+            raise KeyError(
+                f"no offloaded region {ref!r} in the store (evicted, expired or unknown)"
+            )
+        return remedies.unarchive(payload, ref)
+
+    def _situation(
+        self,
+        refusal: UnsafeRecompactionError,
+        value: Any,
+        can_summarize: bool,
+        budget_chars: int | None,
+        window: str,
+    ) -> remedies.Situation:
+        """What a remedy needs: the input's exact texts, and its sources' texts while the store
+        still holds them (oldest put first), looked up now: liveness is never cached."""
+        region = self.ledger.resolve(value, window).region
+        held = {s: self.store.get_source(s) for s in sorted(region.sources)}
+        live = {s: text for s, text in held.items() if text is not None}
+        units = _shapes.read(value, keep=(Region,))
+        return remedies.Situation(
+            requested=remedies.remedy_name(refusal.remedy or remedies.FALLBACK),
+            texts=tuple(u.text or "" if isinstance(u, Region) else u for u in units),
+            live=tuple((s, live[s]) for s in self._put_order(live)),
+            dead=tuple(s for s, text in held.items() if text is None),
+            can_summarize=can_summarize,
+            budget_chars=budget_chars,
+            escalation=self.escalation,
+            pin_limit=self.pin_limit,
+        )
+
+    def _put_order(self, ids: Collection[str]) -> list[str]:
+        """`ids` oldest put first, as the originals were written (a summary is read in order);
+        ids the store's recent listing does not reach go last, by id."""
+        recent = self.store.sources(max(10_000, 4 * len(ids)))
+        rank = {source.id: i for i, (source, _) in enumerate(recent)}
+        return sorted(ids, key=lambda s: (rank.get(s, len(rank)), s))
+
+    def _offload(self, texts: Sequence[str], pinned: Sequence[remedies.Pinned]) -> tuple[str, str]:
+        """Archive `texts` under a keyed ref; the pointer standing in for them is recorded as
+        original evidence resting on that ref's own source, so it may be summarized later."""
+        payload = remedies.archive_payload(texts)
+        ref = text_id("offload", payload, self.store.secret())
+        self.store.put_source(Source(ref, remedies.OFFLOAD_KIND), payload)
+        pointer = remedies.pointer_text(ref, texts, pinned)
+        self.ledger.record_source(pointer, remedies.POINTER_KIND, f"{ref}#pointer")
+        return ref, pointer
+
+    def _escalation(self) -> Escalation:
+        assert self.escalation is not None  # the plan asks only when one is configured
+        return self.escalation
+
+    def _remedied(
+        self,
+        result: Remedied,
+        situation: remedies.Situation,
+        refusal: UnsafeRecompactionError,
+        window: str,
+        summarizer: str,
+        span: Span,
+    ) -> Remedied:
+        if result.remedy == "rederive":  # rests on the originals: one pass deep, recognised
+            originals = self.ledger.resolve([text for _, text in situation.live], window)
+            self.ledger.record_summary(result.text, originals.region, window)
+        outcome = "fallback" if result.fell_back else "applied"
+        details: dict[str, Any] = {"pinned": len(result.pinned)}
+        if result.ref is not None:
+            details.update(ref=result.ref, archived_items=result.archived_items)
+        if result.reason:
+            _logger.warning(
+                "policyhook: remedy %s for decision %s fell back to %s: %s",
+                result.requested,
+                refusal.decision_id,
+                result.remedy,
+                result.reason,
+            )
+        self._telemetry.remedied(
+            span, summarizer, result.requested, result.remedy, outcome, details
+        )
+        return result
+
+    def _remedy_failed(
+        self,
+        refusal: UnsafeRecompactionError,
+        error: Exception,
+        summarizer: str,
+        span: Span,
+    ) -> None:
+        _logger.warning(
+            "policyhook: no remedy could run for decision %s; the refusal stands",
+            refusal.decision_id,
+            exc_info=True,
+        )
+        requested = refusal.remedy or remedies.FALLBACK
+        self._telemetry.remedied(span, summarizer, requested, requested, "failed", {}, error)
 
     # -- deciding without running anything (adapters, dry runs) ---------------------------------
 
@@ -619,3 +839,19 @@ def _spec(
         argument=argument,
         position=position,
     )
+
+
+def _with_input(
+    spec: Summarizer, args: tuple[Any, ...], kwargs: dict[str, Any], call: Callable[..., T]
+) -> Callable[[list[str]], T] | None:
+    """`call` as a function of a new input, every other argument as in the refused call (for
+    `rederive`); None when an `extractor` hides where the input goes."""
+    if spec.extractor is not None:
+        return None
+
+    def again(texts: list[str]) -> T:
+        if len(args) > spec.position:
+            return call(*args[: spec.position], texts, *args[spec.position + 1 :], **kwargs)
+        return call(*args, **{**kwargs, str(spec.argument): texts})
+
+    return again

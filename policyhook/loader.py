@@ -24,7 +24,15 @@ from policyhook.backends import default_backend, native_checker
 from policyhook.cel import Backend, CompileError
 from policyhook.cel import parse as cel_parse
 from policyhook.errors import PolicyError, PolicyIssue
-from policyhook.policy import FAILURE_POLICIES, MODES, Expression, Policy, PolicySet, Rule
+from policyhook.policy import (
+    FAILURE_POLICIES,
+    MODES,
+    REMEDIES,
+    Expression,
+    Policy,
+    PolicySet,
+    Rule,
+)
 
 API_VERSION = "policyhook.dev/v1"
 KIND = "CompactionPolicy"
@@ -151,7 +159,7 @@ _TOP_KEYS = {"apiVersion", "kind", "metadata", "spec"}
 _METADATA_KEYS = {"name", "labels", "annotations"}
 _SPEC_KEYS = {"description", "mode", "failurePolicy", "matchConditions", "variables", "rules"}
 _NAMED_KEYS = {"name", "expression"}
-_RULE_KEYS = {"name", "expression", "message", "messageExpression"}
+_RULE_KEYS = {"name", "expression", "message", "messageExpression", "remedy", "remedyExpression"}
 
 
 def is_test_file(path: Path) -> bool:
@@ -492,8 +500,30 @@ class _ExpressionCompiler:
                 message_expression = self.expression(
                     entry, "messageExpression", path, name, variables, celcheck.STRING, name
                 )
+            remedy = entry.get("remedy", "")
+            if remedy != "" and remedy not in REMEDIES:
+                self.check.issue(
+                    entry,
+                    "remedy",
+                    f"{path}.remedy must be one of {', '.join(REMEDIES)}, got {remedy!r}",
+                    name,
+                )
+            remedy_expression = None
+            if "remedyExpression" in entry:
+                remedy_expression = self.expression(
+                    entry, "remedyExpression", path, name, variables, celcheck.STRING, name
+                )
             if expression is not None:
-                compiled.append(Rule(name, expression, str(message), message_expression))
+                compiled.append(
+                    Rule(
+                        name,
+                        expression,
+                        str(message),
+                        message_expression,
+                        str(remedy) if remedy in REMEDIES else "",
+                        remedy_expression,
+                    )
+                )
         return tuple(compiled)
 
     def expression(

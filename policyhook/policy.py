@@ -18,6 +18,8 @@ from policyhook.cel import Backend, EvaluationError, Program
 
 MODES = ("enforce", "audit", "warn")
 FAILURE_POLICIES = ("deny", "allow")
+#: What a runtime can do instead of a refused call (see `policyhook.remedies`).
+REMEDIES = ("rederive", "offload", "pin", "escalate")
 
 
 # -- decisions ----------------------------------------------------------------------------------
@@ -32,6 +34,7 @@ class Violation:
     message: str
     mode: str
     error: str | None = None  # set when the rule failed to evaluate and failurePolicy denied
+    remedy: str = ""  # the rule's remedy ("" when it names none: the runtime's fallback)
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,7 @@ class Decision:
     rule: str = ""
     message: str = ""
     mode: str = ""
+    remedy: str = ""  # the deciding rule's remedy: rederive, offload, pin, escalate, or ""
     violations: tuple[Violation, ...] = ()
     errors: tuple[Violation, ...] = ()  # every evaluation error, whatever failurePolicy did
     explanation: tuple[dict[str, Any], ...] = field(default=(), compare=False)
@@ -87,6 +91,8 @@ class Rule:
     expression: Expression
     message: str
     message_expression: Expression | None
+    remedy: str = ""  # what the runtime should do instead, when this rule refuses
+    remedy_expression: Expression | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +153,7 @@ class PolicySet:
             rule=first.rule if first else "",
             message=first.message if first else "",
             mode=first.mode if first else "",
+            remedy=first.remedy if first else "",
             violations=tuple(violations),
             errors=tuple(errors),
             explanation=tuple(explanation),
@@ -283,7 +290,11 @@ def _evaluate(
         if not holds:
             violations.append(
                 Violation(
-                    policy.name, rule.name, _message(rule, backend, bound, sizes), policy.mode
+                    policy.name,
+                    rule.name,
+                    _message(rule, backend, bound, sizes),
+                    policy.mode,
+                    remedy=_remedy(rule, backend, bound, sizes),
                 )
             )
     report["rules"] = results
@@ -307,3 +318,19 @@ def _message(rule: Rule, backend: Backend, context: Any, sizes: Mapping[str, int
         except EvaluationError:
             pass
     return rule.message or f"rule {rule.name!r} does not hold"
+
+
+def _remedy(rule: Rule, backend: Backend, context: Any, sizes: Mapping[str, int]) -> str:
+    """The rule's remedyExpression when it names a remedy, else its `remedy` ("" for none).
+
+    A remedy only says what to do instead of a refused call, never whether to refuse, so an
+    expression that errors or names no remedy falls back quietly: the refusal stands either way.
+    """
+    if rule.remedy_expression is not None:
+        try:
+            name = backend.to_python(rule.remedy_expression.evaluate(context, sizes))
+            if name in REMEDIES:
+                return str(name)
+        except EvaluationError:
+            pass
+    return rule.remedy

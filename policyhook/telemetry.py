@@ -59,6 +59,8 @@ EVALUATION_ERRORS = "policyhook.evaluation.errors"  # policyhook_evaluation_erro
 POLICY_RELOADS = "policyhook.policy.reloads"  # policyhook_policy_reloads_total
 CALLS = "policyhook.calls"  # policyhook_calls_total
 STORE_ERRORS = "policyhook.store.errors"  # policyhook_store_errors_total
+REMEDIES = "policyhook.remedies"  # policyhook_remedies_total
+REMEDY_SPAN_NAME = "policyhook.remedy"
 
 _DURATION_BUCKETS = (
     0.00001,
@@ -161,6 +163,11 @@ class Telemetry:
             STORE_ERRORS,
             unit="{error}",
             description="Store operations that failed during a call, by operation.",
+        )
+        self.remedies = meter.create_counter(
+            REMEDIES,
+            unit="{remedy}",
+            description="Remedies run after refusals, by remedy, requested remedy and outcome.",
         )
 
     # -- spans ----------------------------------------------------------------------------------
@@ -425,3 +432,66 @@ class Telemetry:
             self.reloads.add(1, {"outcome": outcome, "revision": revision})
         except Exception:
             _failed("count a policy reload")
+
+    # -- remedies -------------------------------------------------------------------------------
+
+    @contextmanager
+    def remedying(self, decision: Decision, summarizer: str) -> Iterator[Span]:
+        """The span of one remedy run after a refusal, child of the caller's current span."""
+        if not self._tracing():
+            yield _untraced()
+            return
+        attributes = {
+            "policyhook.summarizer": summarizer,
+            "policyhook.decision_id": decision.decision_id,
+            "policyhook.remedy.requested": decision.remedy,
+        }
+        with self._start(
+            REMEDY_SPAN_NAME,
+            kind=SpanKind.INTERNAL,
+            attributes=attributes,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            yield span
+
+    def remedied(
+        self,
+        span: Span,
+        summarizer: str,
+        requested: str,
+        remedy: str,
+        outcome: str,
+        details: Mapping[str, Any],
+        error: BaseException | None = None,
+    ) -> None:
+        """Count one remedy and describe it on its span (ids and counts, never text).
+
+        `outcome` is `applied` (the requested remedy ran), `fallback` (another one ran instead)
+        or `failed` (none could: the refusal stands). Never raises.
+        """
+        try:
+            self.remedies.add(
+                1,
+                {
+                    "remedy": remedy,
+                    "requested": requested,
+                    "outcome": outcome,
+                    "summarizer": summarizer,
+                },
+            )
+        except Exception:
+            _failed("count a remedy")
+        try:
+            if span.is_recording():
+                span.set_attributes(
+                    {
+                        "policyhook.remedy": remedy,
+                        "policyhook.remedy.outcome": outcome,
+                        **{f"policyhook.remedy.{k}": v for k, v in details.items()},
+                    }
+                )
+                if error is not None:
+                    self._error(span, error, record=True)
+        except Exception:
+            _failed("record a remedy on its span")
