@@ -675,7 +675,8 @@ class Guard:
             started = time.perf_counter()
             resolution = self.ledger.resolve(value, req.window)
             region = resolution.region
-            live = self._live(region, span)
+            depth = self._window_depth(req.window, span)
+            live = self._live(region, span) if depth is not None else frozenset[str]()
             activation = schema.build(
                 region,
                 live,
@@ -685,7 +686,7 @@ class Guard:
                 window_id=req.window,
                 window_tokens=req.window_tokens,
                 window_budget=req.window_budget,
-                window_max_depth=self.ledger.max_depth(req.window),
+                window_max_depth=region.depth if depth is None else depth,
                 summarizer=summarizer,
                 lossless=lossless,
                 idempotent=idempotent,
@@ -770,6 +771,19 @@ class Guard:
                 listener(decision, activation)
             except Exception:
                 _logger.warning("policyhook: decision listener %r failed", listener, exc_info=True)
+
+    def _window_depth(self, window: str, span: Span) -> int | None:
+        """The window's deepest summary; None when the store cannot say (then it counts as
+        unreachable for the whole decision: every source dead, fail closed)."""
+        try:
+            return self.ledger.max_depth(window)
+        except Exception as error:
+            _logger.warning(
+                "policyhook: store unreachable (window depth); treating every source as dead",
+                exc_info=True,
+            )
+            self._telemetry.store_failed(span, "window_depth", error)
+            return None
 
     def _live(self, region: Region, span: Span) -> frozenset[str]:
         """Sources the store holds now; an unreachable store holds none (fail closed)."""

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from policyhook import _fork
+from policyhook.errors import StoreUnavailableError
 from policyhook.provenance import Entry, Region, Source, anchor_of, digest, encode
 
 #: What a store knows of a source id: held, dropped by `evict` or capacity, or past its TTL.
@@ -308,6 +309,15 @@ def _entry(row: Iterable[object]) -> Entry:
     )
 
 
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of a store file; None when there is no file to watch (`:memory:`)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 #: Connections a forked child inherited: kept open and unused for the child's lifetime.
 _inherited: list[sqlite3.Connection] = []
 
@@ -365,7 +375,17 @@ class SQLiteStore:
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
+        self._identity = _identity(self.path)
         _fork.register(self, SQLiteStore._after_fork)
+
+    def _check_file(self) -> None:
+        """Refuse to go on with a file deleted or replaced while open: its writes would land in
+        an unlinked inode and its answers come from a store nobody else sees (fail closed)."""
+        if self._identity is not None and _identity(self.path) != self._identity:
+            raise StoreUnavailableError(
+                f"SQLite store {self.path} was deleted or replaced while open; "
+                "reopen the store (its sources count as dead until then)"
+            )
 
     def _after_fork(self) -> None:
         """A child must not use its parent's connection (SQLite: do not carry an open connection
@@ -455,6 +475,7 @@ class SQLiteStore:
 
     def put_source(self, source: Source, text: str) -> None:
         with self._lock:
+            self._check_file()
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 self._put_source(source, text)
@@ -489,6 +510,7 @@ class SQLiteStore:
         if not source_ids:
             return frozenset()
         with self._lock:
+            self._check_file()
             self._check_cache()
             cache = self._expiry
             missing = [i for i in source_ids if i not in cache]
@@ -517,6 +539,7 @@ class SQLiteStore:
         if not source_ids:
             return {}
         with self._lock:
+            self._check_file()
             rows = self._db.execute(
                 "SELECT s.id, CASE WHEN s.state = 'live' AND s.expires <= ? THEN 'expired' "
                 "ELSE s.state END FROM json_each(?) AS j JOIN sources AS s ON s.id = j.value",
@@ -539,6 +562,7 @@ class SQLiteStore:
 
     def put_summary(self, entry: Entry, text: str) -> Entry:
         with self._lock:
+            self._check_file()
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 entry = self._put_summary(entry, text)

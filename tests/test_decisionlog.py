@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import pytest
 from opentelemetry import context, trace
@@ -222,3 +226,191 @@ class TestReading:
         assert next(records)[0] == 1
         with pytest.raises(ValueError, match=message):
             next(records)
+
+
+def big_activation(sources: int) -> dict[str, Any]:
+    ids = [f"langchain:{n:08d}-message-id" for n in range(sources)]
+    return {
+        **ACTIVATION,
+        "region": {
+            "id": "r:1",
+            "kind": "summary",
+            "depth": 2,
+            "sources": ids,
+            "live_sources": ids[: sources // 2],
+            "dead_sources": ids[sources // 2 :],
+            "source_kinds": ["user_turn"],
+        },
+    }
+
+
+class TestBounded:
+    def test_a_record_stays_small_whatever_the_source_count(self, tmp_path: Path) -> None:
+        """100,000 sources: one line far below MAX_RECORD_BYTES, with what was left out counted."""
+        path = tmp_path / "log.jsonl"
+        with DecisionLog(path) as log:
+            log.write(decision(1), big_activation(100_000), outcome="summarized")
+        assert path.stat().st_size < 16 * 1024 < decisionlog.MAX_RECORD_BYTES
+        ((_, record),) = list(decisionlog.read(path))
+        assert len(record["activation"]["region"]["sources"]) == decisionlog.MAX_IDS
+        assert record["omitted"] == {
+            "region.sources": 100_000 - decisionlog.MAX_IDS,
+            "region.live_sources": 50_000 - decisionlog.MAX_IDS,
+            "region.dead_sources": 50_000 - decisionlog.MAX_IDS,
+        }
+
+    def test_replay_sees_the_lists_at_their_full_length(self, tmp_path: Path) -> None:
+        """`activation_of` restores each shortened list's size with placeholders."""
+        path = tmp_path / "log.jsonl"
+        with DecisionLog(path) as log:
+            log.write(decision(1), big_activation(1_000))
+        ((_, record),) = list(decisionlog.read(path))
+        region = decisionlog.activation_of(record)["region"]
+        assert (len(region["sources"]), len(region["dead_sources"])) == (1_000, 500)
+        assert region["sources"][: decisionlog.MAX_IDS] == record["activation"]["region"]["sources"]
+        assert region["sources"][-1] == f"~omitted:{1_000 - decisionlog.MAX_IDS}"
+
+
+class TestTornLines:
+    def test_a_fragment_is_reported_and_the_record_glued_to_it_recovered(
+        self, tmp_path: Path
+    ) -> None:
+        """A writer killed mid-line, then another appending: both whole records come back."""
+        path = tmp_path / "log.jsonl"
+        whole = json.dumps(decisionlog.record(decision(1), ACTIVATION), separators=(",", ":"))
+        glued = json.dumps(decisionlog.record(decision(2), ACTIVATION), separators=(",", ":"))
+        path.write_text(f"{whole}\n{whole[:300]}{glued}\n{whole[:10]}\n")
+        damaged: list[decisionlog.Damaged] = []
+        records = list(decisionlog.read(path, damaged))
+        assert [(n, r["decision_id"]) for n, r in records] == [(1, f"{1:032x}"), (2, f"{2:032x}")]
+        assert [d.line for d in damaged] == [2, 3]
+        assert str(damaged[0]).startswith(f"{path}:2: not a JSON record")
+        with pytest.raises(ValueError, match=r"log\.jsonl:2: not a JSON record"):
+            list(decisionlog.read(path))  # without a list to report into: strict
+
+    def test_after_a_failed_write_the_next_record_starts_on_a_new_line(
+        self, tmp_path: Path
+    ) -> None:
+        """A short write (disk full) leaves a fragment; the next record is not glued to it."""
+        path = tmp_path / "log.jsonl"
+        log = DecisionLog(path)
+        real_write, calls = os.write, []
+
+        def short_then_fail(fd: int, data: bytes) -> int:
+            calls.append(len(data))
+            if len(calls) == 1:
+                return real_write(fd, data[:100])
+            if len(calls) == 2:
+                raise OSError(28, "No space left on device")
+            return real_write(fd, data)
+
+        with mock.patch("os.write", short_then_fail), pytest.raises(OSError):
+            log.write(decision(1), ACTIVATION)
+        log.write(decision(2), ACTIVATION)
+        log.close()
+        damaged: list[decisionlog.Damaged] = []
+        records = [r["decision_id"] for _, r in decisionlog.read(path, damaged)]
+        assert records == [f"{2:032x}"] and [d.line for d in damaged] == [1]
+
+    def test_writers_killed_mid_write_never_cost_a_later_record(self, tmp_path: Path) -> None:
+        """100 forked writers SIGKILLed while appending 1,000-source records, then one clean
+        writer: every line is a whole record or reported, and every later record is there."""
+        path = tmp_path / "log.jsonl"
+        code = textwrap.dedent(
+            f"""
+            import os, random, signal, sys, time
+            sys.path.insert(0, {str(Path(__file__).parent)!r})
+            from test_decisionlog import big_activation, decision
+            from policyhook.decisionlog import DecisionLog
+            activation, rng = big_activation(1_000), random.Random(7)
+            for kill in range(100):
+                pid = os.fork()
+                if pid == 0:
+                    log, n = DecisionLog({str(path)!r}), 0
+                    while True:
+                        n += 1
+                        log.write(decision(kill * 100_000 + n), activation)
+                time.sleep(rng.uniform(0.001, 0.01))
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            """
+        )
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+        with DecisionLog(path) as log:
+            for n in range(10):
+                log.write(decision(10_000_000 + n), ACTIVATION)
+        damaged: list[decisionlog.Damaged] = []
+        records = [r for _, r in decisionlog.read(path, damaged)]
+        lines = path.read_bytes().count(b"\n")
+        assert len(records) >= lines - 2 * len(damaged)  # only the damaged lines are missing
+        assert [r["decision_id"] for r in records[-10:]] == [
+            f"{10_000_000 + n:032x}" for n in range(10)
+        ]
+        assert all(r["v"] == 1 and "activation" in r for r in records)
+        print(f"{lines} lines, {len(records)} records, {len(damaged)} damaged")
+
+
+class TestRotation:
+    def test_the_log_rotates_by_size_and_keeps_its_backups(self, tmp_path: Path) -> None:
+        """max_bytes=20 KiB, backups=3: no file over the limit, the oldest dropped, none lost
+        among those kept."""
+        path = tmp_path / "log.jsonl"
+        with DecisionLog(path, max_bytes=20_000, backups=3) as log:
+            for n in range(200):
+                log.write(decision(n), ACTIVATION)
+        files = decisionlog.files(path)
+        assert [f.name for f in files] == ["log.jsonl.3", "log.jsonl.2", "log.jsonl.1", "log.jsonl"]
+        assert all(f.stat().st_size <= 20_000 for f in files)
+        ids = [int(r["decision_id"], 16) for f in files for _, r in decisionlog.read(f)]
+        assert ids == list(range(200 - len(ids), 200))  # the newest, in order, none missing
+
+    def test_processes_sharing_a_rotating_log_lose_nothing(self, tmp_path: Path) -> None:
+        """4 processes x 300 records, rotating every ~30 KiB with room for all backups."""
+        path = tmp_path / "shared.jsonl"
+        code = textwrap.dedent(
+            f"""
+            import sys
+            sys.path.insert(0, {str(Path(__file__).parent)!r})
+            from test_decisionlog import ACTIVATION, decision
+            from policyhook.decisionlog import DecisionLog
+            worker = int(sys.argv[1])
+            with DecisionLog({str(path)!r}, max_bytes=30_000, backups=1000) as log:
+                for i in range(300):
+                    log.write(decision(worker * 1000 + i, "allow"), ACTIVATION)
+            """
+        )
+        workers = [subprocess.Popen([sys.executable, "-c", code, str(n)]) for n in range(4)]
+        assert [w.wait(120) for w in workers] == [0, 0, 0, 0]
+        files = decisionlog.files(path)
+        ids = [r["decision_id"] for f in files for _, r in decisionlog.read(f)]
+        assert len(files) > 10
+        assert sorted(ids) == sorted(f"{w * 1000 + i:032x}" for w in range(4) for i in range(300))
+
+    def test_bad_limits_are_refused(self, tmp_path: Path) -> None:
+        with pytest.raises(ValueError, match='"max_bytes" and "backups" must be >= 0'):
+            DecisionLog(tmp_path / "log.jsonl", max_bytes=-1)
+
+
+class TestOnlyRegularFiles:
+    def test_a_fifo_is_refused_at_once_for_writing_and_reading(self, tmp_path: Path) -> None:
+        """A FIFO as --decision-log or replay input: a clear error within a second, no hang."""
+        fifo = tmp_path / "log.fifo"
+        os.mkfifo(fifo)
+        started = time.monotonic()
+        with pytest.raises(ValueError, match="not a regular file"):
+            DecisionLog(fifo)
+        with pytest.raises(ValueError, match="not a regular file"):
+            policyhook.Guard(decision_log=fifo)
+        with pytest.raises(ValueError, match="not a regular file"):
+            list(decisionlog.read(fifo))
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # even with a reader attached
+        try:
+            with pytest.raises(ValueError, match="not a regular file"):
+                DecisionLog(fifo)
+        finally:
+            os.close(reader)
+        assert time.monotonic() - started < 1.0
+
+    def test_a_directory_is_refused(self, tmp_path: Path) -> None:
+        with pytest.raises((ValueError, IsADirectoryError)):
+            DecisionLog(tmp_path)
