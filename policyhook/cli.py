@@ -1,22 +1,216 @@
-"""The `policyhook` command line.
+"""The `policyhook` command line: every command's arguments and output, nothing else.
 
-Exit codes (every command): 0 success; 1 the policies or test cases found a problem (a load
-error, a failed test, a changed decision with --fail-on-change); 2 bad usage or unreadable input.
+The work is done by the library: policies by policyhook.loader, the test runner by
+policyhook._tester (public as policyhook.testing.run_tests), replay by policyhook._replay, the
+demo by policyhook.demo, the Claude Code hook by policyhook.adapters.claude_code, which parses
+its own options (its usage errors must become a fail-closed answer, never an exit code).
+
+Exit codes (policyhook._exit, docs/cli.md): 0 ok; 1 a problem found (policy errors, failed test
+cases, changed decisions with --fail-on-change); 2 bad usage or unreadable input (a missing
+policy path everywhere); 141 the reader of the output went away. claude-precompact always exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any, TextIO
 
-EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+from policyhook._exit import Exit
+
 OTLP_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 STORE_ENV = "POLICYHOOK_STORE"
+#: The policy sets `policyhook init` writes: shipped as package data under policyhook/policy_sets/
+#: and kept identical to policies/ in the repository (tests/test_policy_sets.py).
+POLICY_SETS = ("default", "strict", "audit-rollout")
+
+#: PolicyIssue codes for a policy file that cannot be read (io) or parsed as YAML (yaml): exit 2.
+UNREADABLE = frozenset({"io", "yaml"})
+
+Command = Callable[[argparse.Namespace, TextIO], int]
 
 
-def _demo(args: argparse.Namespace) -> int:
+class UsageError(Exception):
+    """Bad input to a command: one line on stderr, exit 2."""
+
+
+# -- check, eval --------------------------------------------------------------------------------
+
+
+def _check(args: argparse.Namespace, out: TextIO) -> int:
+    from policyhook.loader import load
+
+    policies = load(args.path)
+    if args.format == "json":
+        summary = {
+            "ok": True,
+            "revision": policies.revision,
+            "policies": [
+                {"name": p.name, "file": p.file, "mode": p.mode, "rules": len(p.rules)}
+                for p in policies.policies
+            ],
+        }
+        _dump(summary, out)
+    else:
+        for p in policies.policies:
+            out.write(f"{p.file}: policy {p.name!r} ({p.mode}, {len(p.rules)} rules) ok\n")
+        out.write(f"{len(policies.policies)} policies ok, revision {policies.revision}\n")
+    return Exit.OK
+
+
+def _finite(value: Any, where: str) -> None:
+    """Reject numbers no activation field can hold (1e400 reads as infinity, NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UsageError(f"{where}: {value} is not a finite number")
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            _finite(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _finite(item, f"{where}[{index}]")
+
+
+def read_document(path: str) -> Any:
+    """A JSON or YAML document from a file, or stdin for '-'; UsageError when neither."""
+    import yaml
+
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise UsageError(f"{path}: cannot be read: {reason}") from None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError:
+        try:
+            document = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}" if mark else path
+            raise UsageError(f"{where}: neither JSON nor YAML: {exc}") from None
+    except RecursionError:
+        raise UsageError(f"{path}: nested too deeply to be an activation") from None
+    _finite(document, "")
+    return document
+
+
+def _eval(args: argparse.Namespace, out: TextIO) -> int:
+    from policyhook import activation as schema
+    from policyhook.loader import load
+
+    policies = load(args.path)
+    document = read_document(args.input)
+    if not isinstance(document, Mapping):
+        raise UsageError(f"{args.input}: the input must be a mapping of region/request/...")
+    activation = schema.validate(document, where=args.input)
+    decision = policies.decide(activation, explain=args.explain)
+    result = {
+        "decision": decision.effect,
+        "policy": decision.policy,
+        "rule": decision.rule,
+        "mode": decision.mode,
+        "message": decision.message,
+        "revision": decision.revision,
+        "violations": [v.__dict__ for v in decision.violations],
+    }
+    if args.explain:
+        result["explain"] = list(decision.explanation)
+    if args.format == "json":
+        _dump(result, out)
+        return Exit.OK
+    rule = f" by {decision.policy}/{decision.rule}" if decision.rule else ""
+    out.write(f"decision: {decision.effect}{rule} (revision {decision.revision})\n")
+    if decision.message:
+        out.write(f"message: {decision.message}\n")
+    for report in decision.explanation:
+        out.write(_explain_text(report))
+    return Exit.OK
+
+
+def _explain_text(report: Mapping[str, Any]) -> str:
+    lines = [f"\npolicy {report['policy']} ({report['mode']}):"]
+    if report.get("error"):
+        lines.append(f"  error: {report['error']}")
+    if report["matched"] is False:
+        lines.append(f"  not matched (matchCondition {report['condition']} is false)")
+        return "\n".join(lines) + "\n"
+    lines.append("  matched")
+    for name, value in report.get("variables", {}).items():
+        lines.append(f"  variables.{name} = {json.dumps(value)}")
+    for rule in report.get("rules", []):
+        outcome = f"error: {rule['error']}" if rule.get("error") else str(rule["result"]).lower()
+        lines.append(f"  rule {rule['rule']}: {outcome}")
+    return "\n".join(lines) + "\n"
+
+
+# -- test, replay -------------------------------------------------------------------------------
+
+
+def _test(args: argparse.Namespace, out: TextIO) -> int:
+    from policyhook import _tester
+
+    results = _tester.run_tests(args.path)
+    if args.format == "json":
+        _tester.report_json(results, out)
+    else:
+        _tester.report_text(results, out, verbose=args.verbose)
+    return Exit.OK if all(r.passed for r in results) else Exit.PROBLEM
+
+
+def _replay(args: argparse.Namespace, out: TextIO) -> int:
+    from policyhook import _replay
+    from policyhook.loader import load
+
+    def progress(total: int, seconds: float) -> None:
+        print(f"replayed {total} decisions ({total / seconds:,.0f}/s)...", file=sys.stderr)
+
+    policies = load(args.path)
+    if not Path(args.log).is_file():
+        raise UsageError(f"{args.log}: no such decision log")
+    report = _replay.replay(
+        policies, args.log, examples=args.examples, progress=None if args.quiet else progress
+    )
+    if args.format == "json":
+        _replay.report_json(report, out)
+    else:
+        _replay.report_text(report, out)
+    return Exit.PROBLEM if report.changed and args.fail_on_change else Exit.OK
+
+
+# -- init ---------------------------------------------------------------------------------------
+
+
+def _init(args: argparse.Namespace, out: TextIO) -> int:
+    shipped = resources.files("policyhook").joinpath("policy_sets", args.set)
+    files = sorted((f for f in shipped.iterdir() if f.name.endswith(".yaml")), key=lambda f: f.name)
+    target = Path(args.dir)
+    if target.exists() and not target.is_dir():
+        raise UsageError(f"{target}: exists and is not a folder")
+    taken = [target / f.name for f in files if (target / f.name).exists()]
+    if taken:
+        names = ", ".join(str(p) for p in taken)
+        raise UsageError(f"{names}: already there; nothing written (init never overwrites)")
+    target.mkdir(parents=True, exist_ok=True)
+    for file in files:
+        (target / file.name).write_bytes(file.read_bytes())
+        out.write(f"wrote {target / file.name}\n")
+    out.write(
+        f"the {args.set!r} policy set is in {target}: `policyhook test {target}` runs its cases; "
+        f'Guard.from_path("{target}") uses it\n'
+    )
+    return Exit.OK
+
+
+# -- demo, claude-precompact --------------------------------------------------------------------
+
+
+def _demo(args: argparse.Namespace, out: TextIO) -> int:
     """Run the seed scenario; export OTLP when asked, or when the environment names an endpoint.
 
     The demo never needs a server: without the SDK, an endpoint from the environment is noted
@@ -33,8 +227,7 @@ def _demo(args: argparse.Namespace) -> int:
             telemetry = configure(service_name="policyhook-demo")
         except ImportError as exc:
             if args.otlp:
-                print(f"policyhook demo --otlp: {exc}", file=sys.stderr)
-                return EXIT_USAGE
+                raise UsageError(f"--otlp: {exc}") from None
             print(f"policyhook demo: not exporting to ${OTLP_ENDPOINT_ENV}: {exc}", file=sys.stderr)
     guard = None
     if args.store:
@@ -44,48 +237,95 @@ def _demo(args: argparse.Namespace) -> int:
         try:
             guard = Guard(store=open_store(args.store))
         except (ImportError, ValueError, ConnectionError) as exc:
-            print(f"policyhook demo --store: {exc}", file=sys.stderr)
-            return EXIT_USAGE
+            raise UsageError(f"--store: {exc}") from None
     try:
-        run(sys.stdout, guard)
+        run(out, guard)
     finally:
         if telemetry is not None:
             telemetry.shutdown()
-    return EXIT_OK
+    return Exit.OK
 
 
-def _claude_precompact(args: argparse.Namespace) -> int:
+def _claude_precompact(argv: Sequence[str]) -> int:
     from policyhook.adapters.claude_code import main as precompact
 
-    return precompact(args.rest)
+    return precompact(argv)
 
 
-def _claude_postcompact(args: argparse.Namespace) -> int:
+def _claude_postcompact(argv: Sequence[str]) -> int:
     from policyhook.adapters.claude_postcompact import main as postcompact
 
-    return postcompact(args.rest)
+    return postcompact(argv)
+
+
+#: The Claude Code hooks parse their own options: their usage errors are answered in Claude
+#: Code's hook protocol (claude-precompact: a fail-closed block on stdout with exit 0), which
+#: argparse here (exit 2) would break.
+HOOKS = {"claude-precompact": _claude_precompact, "claude-postcompact": _claude_postcompact}
+
+
+# -- the parser ---------------------------------------------------------------------------------
 
 
 def parser() -> argparse.ArgumentParser:
-    from policyhook import __version__, authoring
+    from policyhook import __version__
 
     top = argparse.ArgumentParser(
         prog="policyhook",
         description="Gate context-compaction calls with CEL policies over provenance.",
-        epilog="Exit codes: 0 ok, 1 problem found, 2 usage or input error.",
+        epilog="Exit codes: 0 ok, 1 problem found, 2 usage or unreadable input "
+        "(claude-precompact: always 0, its answer on stdout).",
     )
     top.add_argument("--version", action="version", version=f"policyhook {__version__}")
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = commands.add_parser(
-        "demo", help="run the seed scenario: four compactions, the laundering pass refused"
+    def command(name: str, help: str, run: Command, *, formats: bool = True) -> Any:
+        sub = commands.add_parser(name, help=help, description=help)
+        if formats:
+            sub.add_argument("--format", choices=("text", "json"), default="text")
+        sub.set_defaults(run=run)
+        return sub
+
+    check = command("check", "load and type-check policies; list every error", _check)
+    check.add_argument("path", help="a policy file or a folder of them")
+
+    evaluate = command("eval", "decide one activation (JSON or YAML) under the policies", _eval)
+    evaluate.add_argument("path", help="a policy file or a folder of them")
+    evaluate.add_argument("--input", required=True, help="activation file (JSON/YAML, '-' stdin)")
+    evaluate.add_argument(
+        "--explain", action="store_true", help="show each policy's match, variables and rules"
+    )
+
+    test = command("test", "run the policy test cases (*_test.yaml) beside the policies", _test)
+    test.add_argument("path", help="a policy file or a folder of them (and their tests)")
+    test.add_argument("-v", "--verbose", action="store_true", help="list passing cases too")
+
+    replay = command("replay", "re-decide a decision log under these policies", _replay)
+    replay.add_argument("path", help="a policy file or a folder of them")
+    replay.add_argument("log", help="a decision log (JSONL) written by DecisionLog")
+    replay.add_argument("--examples", type=int, default=5, help="changed decisions to show")
+    replay.add_argument(
+        "--fail-on-change", action="store_true", help="exit 1 when any decision would change"
+    )
+    replay.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+    init = command(
+        "init", "write a shipped policy set and its tests into a folder", _init, formats=False
+    )
+    init.add_argument("dir", help="the folder (created if missing; existing files are kept)")
+    init.add_argument("--set", choices=POLICY_SETS, default="default", help="default: default")
+
+    demo = command(
+        "demo",
+        "run the seed scenario: four compactions, the laundering pass refused",
+        _demo,
+        formats=False,
     )
     demo.add_argument(
         "--otlp",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="export spans and metrics over OTLP (default: when OTEL_EXPORTER_OTLP_ENDPOINT "
-        "is set)",
+        help=f"export spans and metrics over OTLP (default: when {OTLP_ENDPOINT_ENV} is set)",
     )
     demo.add_argument(
         "--store",
@@ -94,38 +334,82 @@ def parser() -> argparse.ArgumentParser:
         help="keep provenance in a shared store: postgresql://..., redis://..., "
         f"sqlite:///path.db (default: ${STORE_ENV}, else in memory)",
     )
-    demo.set_defaults(run=_demo)
 
-    authoring.add_commands(commands)
-
-    claude = commands.add_parser(
+    # Listed for --help only: main() hands their arguments to the hooks before argparse sees them.
+    commands.add_parser(
         "claude-precompact",
         help="Claude Code PreCompact hook: reads the hook JSON on stdin, allows or blocks",
         add_help=False,
     )
-    claude.add_argument("rest", nargs=argparse.REMAINDER)
-    claude.set_defaults(run=_claude_precompact)
-    post = commands.add_parser(
+    commands.add_parser(
         "claude-postcompact",
         help="Claude Code PostCompact and SessionStart(compact) hook: checks the summary's facts",
         add_help=False,
     )
-    post.add_argument("rest", nargs=argparse.REMAINDER)
-    post.set_defaults(run=_claude_postcompact)
     return top
+
+
+# -- running ------------------------------------------------------------------------------------
+
+
+def _run(args: argparse.Namespace, out: TextIO) -> int:
+    """Run one command; every failure it can meet becomes one line and an exit code."""
+    from policyhook._tester import PolicyTestError
+    from policyhook.errors import PolicyError
+
+    prefix = f"policyhook {args.command}"
+    try:
+        code: int = args.run(args, out)
+        return code
+    except PolicyError as exc:
+        _emit_errors(exc, getattr(args, "format", "text"), out)
+        # Files that cannot be read or parsed are unreadable input, as a bad test file or
+        # activation is; what the loader finds in a readable policy is a problem found.
+        unreadable = all(issue.code in UNREADABLE for issue in exc.issues)
+        return Exit.USAGE if unreadable else Exit.PROBLEM
+    except BrokenPipeError:
+        raise
+    except (UsageError, PolicyTestError, OSError, ValueError) as exc:
+        print(f"{prefix}: {exc}", file=sys.stderr)
+    except RecursionError:
+        print(f"{prefix}: the input is nested too deeply", file=sys.stderr)
+    except OverflowError as exc:
+        print(f"{prefix}: a number in the input is out of range: {exc}", file=sys.stderr)
+    return Exit.USAGE
+
+
+def _emit_errors(error: Any, fmt: str, out: TextIO) -> None:
+    if fmt == "json":
+        fields = ("file", "line", "column", "policy", "rule", "code", "message")
+        issues = [{f: getattr(i, f) for f in fields} for i in error.issues]
+        _dump({"ok": False, "errors": issues}, out)
+    else:
+        out.write(f"{error}\n")
+
+
+def _dump(document: Any, out: TextIO) -> None:
+    json.dump(document, out, indent=2)
+    out.write("\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["claude-precompact"]:
-        # Its options are its own: argparse.REMAINDER rejects a leading "--store", and argparse's
-        # exit code 2 would tell Claude Code to block the compaction.
-        return _claude_precompact(argparse.Namespace(rest=argv[1:]))
-    if argv[:1] == ["claude-postcompact"]:
-        return _claude_postcompact(argparse.Namespace(rest=argv[1:]))
-    args = parser().parse_args(argv)
-    code: int = args.run(args)
-    return code
+    if argv[:1] and argv[0] in HOOKS:
+        return HOOKS[argv[0]](argv[1:])
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):  # a lone surrogate in a name prints escaped
+            stream.reconfigure(errors="backslashreplace")
+    try:
+        args = parser().parse_args(argv)
+        code = _run(args, sys.stdout)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # Nothing more can be written; point stdout at /dev/null so the interpreter's final
+        # flush does not fail again with a traceback.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return Exit.BROKEN_PIPE
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -833,6 +833,8 @@ def _spec(
     extractor: Callable[..., Any] | None,
 ) -> Summarizer:
     """Find which parameter holds the input: the first one, after `self`/`cls` for methods."""
+    # A callable object (functools.partial, an instance with __call__) has no __qualname__.
+    label = getattr(fn, "__qualname__", None) or type(fn).__qualname__
     params = [
         p
         for p in inspect.signature(fn).parameters.values()
@@ -841,11 +843,9 @@ def _spec(
     position = 1 if params and params[0].name in ("self", "cls") else 0
     argument = params[position].name if len(params) > position else None
     if argument is None and extractor is None:
-        raise TypeError(
-            f"cannot guard {fn.__qualname__}: it takes no input argument; pass extractor="
-        )
+        raise TypeError(f"cannot guard {label}: it takes no input argument; pass extractor=")
     return Summarizer(
-        name=name or fn.__qualname__,
+        name=name or label,
         lossless=lossless,
         idempotent=idempotent,
         trigger=trigger,

@@ -235,12 +235,22 @@ def read_sources(path: str | Path) -> list[tuple[str, str]]:
     return [(str(file), read_policy_file(file)) for file in policy_files(path)]
 
 
-def revision_of(sources: Iterable[tuple[str, str]]) -> str:
-    """A short hash of the policy sources: stamped on every decision they make."""
+def revision_of(sources: Iterable[tuple[str, str]], force_audit: bool | None = None) -> str:
+    """A short hash of the policy sources: stamped on every decision they make.
+
+    Forced audit (POLICYHOOK_FORCE_AUDIT, read when `force_audit` is None) decides differently
+    from the same files, so it is part of the revision: `<hash>+forced-audit`.
+    """
+    if force_audit is None:
+        force_audit = _forced_audit()
     digest = hashlib.sha256()
     for name, text in sorted(sources):
         digest.update(Path(name).name.encode() + b"\0" + text.encode() + b"\0")
-    return digest.hexdigest()[:12]
+    return digest.hexdigest()[:12] + ("+forced-audit" if force_audit else "")
+
+
+def _forced_audit() -> bool:
+    return os.environ.get(FORCE_AUDIT_ENV, "").strip().lower() in _TRUE
 
 
 def load(path: str | Path, *, backend: Backend | None = None) -> PolicySet:
@@ -263,7 +273,7 @@ def compile_sources(
     """Compile (file name, YAML text) pairs into a PolicySet, collecting every problem."""
     backend = backend or default_backend()
     if force_audit is None:
-        force_audit = os.environ.get(FORCE_AUDIT_ENV, "").strip().lower() in _TRUE
+        force_audit = _forced_audit()
     issues: list[PolicyIssue] = []
     policies: list[Policy] = []
     where: dict[str, str] = {}
@@ -293,7 +303,7 @@ def compile_sources(
         raise PolicyError([PolicyIssue(sources[0][0] if sources else "<none>", "no policies")])
     return PolicySet(
         tuple(sorted(policies, key=lambda p: p.name)),
-        revision_of(sources),
+        revision_of(sources, force_audit),
         backend,
         tuple(f for f, _ in sources),
     )

@@ -1,4 +1,5 @@
-"""Helpers for testing code that uses policyhook (as structlog's `capture_logs`)."""
+"""Helpers for testing code that uses policyhook (as structlog's `capture_logs`), and the policy
+test runner behind `policyhook test` (`run_tests`: `*_test.yaml` cases decided and compared)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from policyhook._tester import CaseResult as CaseResult
+from policyhook._tester import PolicyTestError as PolicyTestError
+from policyhook._tester import run_tests as run_tests
 from policyhook.hook import Guard
 from policyhook.policy import Decision
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -118,7 +119,7 @@ class TestTest:
         assert int(last.split()[0]) >= 15
 
     def test_failures_show_expected_and_actual(self, tmp_path: Path) -> None:
-        """A failing case prints expected vs actual and the run exits 1; skips are counted."""
+        """A failing case prints expected vs actual and the run exits 1; an unmatched policy fails."""
         (tmp_path / "default.yaml").write_text((ROOT / "policies" / "default.yaml").read_text())
         (tmp_path / "default_test.yaml").write_text(
             "apiVersion: policyhook.dev/v1\nkind: PolicyTest\nmetadata: {name: t}\n"
@@ -134,7 +135,80 @@ class TestTest:
         assert "FAILED: " in result.stdout and "wrong on purpose" in result.stdout
         assert "expected: decision=allow" in result.stdout
         assert "actual:   decision=deny policy=default rule=live-sources" in result.stdout
-        assert result.stdout.strip().splitlines()[-1] == "1 passed, 1 failed, 1 skipped"
+        assert "reason:   policy 'default' did not match this input" in result.stdout
+        assert "write `matched: false`" in result.stdout
+        assert result.stdout.strip().splitlines()[-1] == "1 passed, 2 failed"
+
+    def test_unmatched_policy_passes_only_when_the_case_says_so(self, tmp_path: Path) -> None:
+        """`matched: false` passes when the policy is out of scope and fails when it matched."""
+        (tmp_path / "default.yaml").write_text((ROOT / "policies" / "default.yaml").read_text())
+        (tmp_path / "default_test.yaml").write_text(
+            "apiVersion: policyhook.dev/v1\nkind: PolicyTest\nmetadata: {name: t}\n"
+            f"defaults: {json.dumps(ACTIVATION)}\n"
+            "cases:\n"
+            "  - name: out of scope\n    input: {summarizer: {lossless: true}}\n"
+            "    expect: {decision: allow, policy: default, matched: false}\n"
+            "  - name: in scope after all\n    input: {}\n"
+            "    expect: {decision: deny, policy: default, matched: false}\n"
+        )
+        result = cli("test", str(tmp_path), "--format", "json")
+        assert result.returncode == 1
+        report = json.loads(result.stdout)
+        assert (report["passed"], report["failed"]) == (1, 1)
+        failed = report["cases"][1]
+        assert failed["name"] == "in scope after all" and failed["status"] == "failed"
+        assert failed["reason"] == "policy 'default' matched; the case expects it not to"
+        assert failed["actual"]["matched"] is True
+
+    def test_a_broken_match_condition_turns_the_shipped_tests_red(self, tmp_path: Path) -> None:
+        """A typo that disables the default policy fails its allow cases too, not only its denials."""
+        text = (ROOT / "policies" / "default.yaml").read_text()
+        condition = '"!summarizer.lossless && !summarizer.idempotent"'
+        broken = text.replace(condition, '"summarizer.lossless && !summarizer.lossless"')
+        assert broken != text  # type-checks, and never matches
+        (tmp_path / "default.yaml").write_text(broken)
+        (tmp_path / "default_test.yaml").write_text(
+            (ROOT / "policies" / "default_test.yaml").read_text()
+        )
+        result = cli("test", str(tmp_path), "--format", "json")
+        assert result.returncode == 1
+        report = json.loads(result.stdout)
+        passed = [c["name"] for c in report["cases"] if c["status"] == "passed"]
+        assert passed == [
+            "lossless summarizers are out of scope",
+            "idempotent summarizers are out of scope",
+        ]
+        assert report["failed"] == len(report["cases"]) - 2 >= 6
+
+    @pytest.mark.parametrize(
+        ("expect", "message"),
+        [
+            (
+                "{decision: allow, matched: false}",
+                "expect.matched must be true or false, with policy",
+            ),
+            (
+                "{decision: allow, policy: default, matched: maybe}",
+                "expect.matched must be true or false",
+            ),
+            (
+                "{decision: allow, policy: default, matched: false, rule: live-sources}",
+                "no rule of an unmatched policy runs",
+            ),
+        ],
+    )
+    def test_malformed_matched_exits_2(self, tmp_path: Path, expect: str, message: str) -> None:
+        """`matched` needs a policy, a boolean, and no rule when false: else exit 2 naming the line."""
+        (tmp_path / "default.yaml").write_text((ROOT / "policies" / "default.yaml").read_text())
+        (tmp_path / "x_test.yaml").write_text(
+            "apiVersion: policyhook.dev/v1\nkind: PolicyTest\nmetadata: {name: t}\n"
+            f"defaults: {json.dumps(ACTIVATION)}\n"
+            f"cases:\n  - name: c\n    input: {{}}\n    expect: {expect}\n"
+        )
+        result = cli("test", str(tmp_path))
+        assert result.returncode == 2
+        assert "x_test.yaml:" in result.stderr and message in result.stderr
+        assert "Traceback" not in result.stderr
 
     def test_malformed_test_file_exits_2(self, tmp_path: Path) -> None:
         """A test file with a bad case names file and line and exits 2."""
@@ -174,12 +248,36 @@ class TestReplay:
         report = json.loads(result.stdout)
         assert report["total"] == 4
         assert report["transitions"] == {"allow -> allow": 2, "allow -> deny": 1, "deny -> deny": 1}
-        assert report["changed"] == 1  # the depth-2 pass; the refusal stays live-sources
+        # the depth-2 pass, and the refusal: still live-sources, but now by the strict policy
+        assert report["changed"] == 2
         assert report["examples"][0]["new"] == {
             "decision": "deny",
+            "policy": "strict",
             "rule": "automatic-depth-ceiling",
             "revision": report["revision"],
         }
+        assert report["examples"][0]["old"]["policy"] == ""
+        assert [report["examples"][1][side]["policy"] for side in ("old", "new")] == [
+            "default",
+            "strict",
+        ]
+
+    def test_a_new_deciding_policy_is_a_change(self, log: Path, tmp_path: Path) -> None:
+        """Same effect and rule from another policy counts as changed: replay compares the policy too."""
+        renamed = (
+            (ROOT / "policies" / "default.yaml")
+            .read_text()
+            .replace("name: default", "name: default-v2")
+        )
+        (tmp_path / "default.yaml").write_text(renamed)
+        result = cli("replay", str(tmp_path), str(log), "--format", "json", "--fail-on-change")
+        assert result.returncode == 1
+        report = json.loads(result.stdout)
+        assert report["transitions"] == {"allow -> allow": 3, "deny -> deny": 1}
+        assert report["changed"] == 1
+        example = report["examples"][0]
+        assert (example["old"]["policy"], example["new"]["policy"]) == ("default", "default-v2")
+        assert example["old"]["rule"] == example["new"]["rule"] == "live-sources"
 
     def test_same_policies_change_nothing(self, log: Path) -> None:
         """Replaying under the policies that made the log changes nothing."""
@@ -245,3 +343,176 @@ def test_version_is_the_installed_distribution_version() -> None:
     assert policyhook.__version__ == version("policyhook")
     result = cli("--version")
     assert (result.returncode, result.stdout) == (0, f"policyhook {version('policyhook')}\n")
+
+
+class TestExitCodes:
+    @pytest.mark.parametrize(
+        "args",
+        [
+            ("check", "{missing}"),
+            ("eval", "{missing}", "--input", "{activation}"),
+            ("test", "{missing}"),
+            ("replay", "{missing}", "{activation}"),
+            ("check", "{missing}", "--format", "json"),
+        ],
+        ids=["check", "eval", "test", "replay", "check-json"],
+    )
+    def test_missing_policy_path_exits_2_everywhere(
+        self, tmp_path: Path, args: tuple[str, ...]
+    ) -> None:
+        """A policy path that does not exist is unreadable input (2) for every command, never 1."""
+        activation = tmp_path / "in.json"
+        activation.write_text(json.dumps(ACTIVATION))
+        missing = tmp_path / "nowhere"
+        result = cli(*(a.format(missing=missing, activation=activation) for a in args))
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert str(missing) in result.stdout + result.stderr
+        assert "Traceback" not in result.stderr
+
+    def test_missing_decision_log_exits_2(self, tmp_path: Path) -> None:
+        """replay of a log that does not exist names it and exits 2."""
+        result = cli("replay", str(ROOT / "policies"), str(tmp_path / "none.jsonl"))
+        assert result.returncode == 2
+        assert "none.jsonl: no such decision log" in result.stderr
+
+    def test_unknown_option_exits_2(self) -> None:
+        """argparse's usage errors are exit 2 too."""
+        assert cli("check", "--frobnicate", str(ROOT / "policies")).returncode == 2
+
+    @pytest.mark.parametrize(
+        ("text", "message"),
+        [
+            (
+                json.dumps(ACTIVATION).replace(
+                    '"budget_pressure": 0.9', '"budget_pressure": 1e400'
+                ),
+                "request.budget_pressure: inf is not a finite number",
+            ),
+            ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ],
+        ids=["1e400", "deep"],
+    )
+    def test_eval_of_unreadable_numbers_and_nesting_is_one_line(
+        self, tmp_path: Path, text: str, message: str
+    ) -> None:
+        """eval with budget_pressure 1e400 or deeply nested JSON: one line on stderr, exit 2."""
+        path = tmp_path / "in.json"
+        path.write_text(text)
+        result = cli("eval", str(ROOT / "policies"), "--input", str(path))
+        assert result.returncode == 2
+        assert result.stderr.strip().splitlines() == [f"policyhook eval: {path}: {message}"] or (
+            message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+        )
+        assert result.stdout == ""
+
+    def test_check_text_output_of_a_lone_surrogate(self, tmp_path: Path) -> None:
+        """A policy holding a \\ud800 escape is one line naming file:line:col, exit 2, no traceback."""
+        path = tmp_path / "sur.yaml"
+        path.write_text(
+            "apiVersion: policyhook.dev/v1\nkind: CompactionPolicy\nmetadata: {name: sur}\n"
+            'spec:\n  rules:\n    - name: r\n      expression: "region.kind == \\"\\ud800\\""\n'
+        )
+        result = cli("check", str(path))
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert result.stdout.splitlines() == [
+            f"{path}:7:19: yaml: invalid YAML: \\ud800 is a lone surrogate, not text"
+        ]
+        assert result.stderr == ""
+
+    def test_invalid_yaml_exits_2_and_policy_errors_exit_1(self, tmp_path: Path) -> None:
+        """A policy file that does not parse is unreadable input (2); a parsed one with errors, 1."""
+        (tmp_path / "a.yaml").write_text("apiVersion: [unclosed\n")
+        result = cli("check", str(tmp_path / "a.yaml"))
+        assert result.returncode == 2 and ": yaml: " in result.stdout
+        (tmp_path / "b.yaml").write_text(
+            "apiVersion: policyhook.dev/v1\nkind: CompactionPolicy\nmetadata: {name: b}\n"
+            "spec:\n  rules:\n    - name: r\n      expression: region.deph > 1\n"
+        )
+        assert cli("check", str(tmp_path / "b.yaml")).returncode == 1
+        assert cli("check", str(tmp_path)).returncode == 1  # one of each: a problem found
+
+    def test_broken_pipe_exits_quietly(self) -> None:
+        """A reader that goes away ends the command without a usage error or a traceback."""
+        read, write = os.pipe()
+        os.close(read)
+        try:
+            result = subprocess.run(
+                [POLICYHOOK, "test", "-v", str(ROOT / "policies")],
+                stdout=write,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+        finally:
+            os.close(write)
+        assert result.stderr == ""
+        assert result.returncode == 141
+
+    def test_documented_exit_codes_are_the_defined_ones(self) -> None:
+        """docs/cli.md lists exactly the codes policyhook._exit defines."""
+        from policyhook._exit import Exit
+
+        doc = (ROOT / "docs" / "cli.md").read_text()
+        table = doc.split("<!-- exit-codes -->\n")[1].split("<!-- /exit-codes -->")[0]
+        codes = {int(line.split("|")[1].strip(" *")) for line in table.splitlines()[2:] if line}
+        assert codes == {int(code) for code in Exit}
+
+
+class TestInit:
+    @pytest.mark.parametrize("name", ["default", "strict", "audit-rollout"])
+    def test_writes_a_set_whose_tests_pass(self, tmp_path: Path, name: str) -> None:
+        """init writes the shipped set with its tests; check and test pass on it as written."""
+        target = tmp_path / "new" / "policies"
+        result = cli("init", str(target), "--set", name)
+        assert result.returncode == 0, result.stderr
+        shipped = ROOT / "policies" if name == "default" else ROOT / "policies" / name
+        expected = sorted(p.name for p in shipped.glob("*.yaml"))
+        assert sorted(p.name for p in target.iterdir()) == expected
+        for file in target.iterdir():
+            assert file.read_bytes() == (shipped / file.name).read_bytes()
+        assert cli("check", str(target)).returncode == 0
+        tested = cli("test", str(target))
+        assert tested.returncode == 0, tested.stdout
+        assert tested.stdout.strip().endswith(" passed, 0 failed")
+
+    def test_never_overwrites(self, tmp_path: Path) -> None:
+        """A folder already holding one of the files is left as it is, with exit 2 naming it."""
+        (tmp_path / "default.yaml").write_text("mine\n")
+        result = cli("init", str(tmp_path))
+        assert result.returncode == 2
+        assert f"{tmp_path / 'default.yaml'}: already there; nothing written" in result.stderr
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["default.yaml"]
+        assert (tmp_path / "default.yaml").read_text() == "mine\n"
+
+    def test_target_that_is_a_file_or_unknown_set_exits_2(self, tmp_path: Path) -> None:
+        """init into a file, or of a set that is not shipped, is a usage error."""
+        file = tmp_path / "f"
+        file.write_text("")
+        result = cli("init", str(file))
+        assert result.returncode == 2 and "is not a folder" in result.stderr
+        result = cli("init", str(tmp_path / "x"), "--set", "lenient")
+        assert result.returncode == 2 and "invalid choice: 'lenient'" in result.stderr
+        assert not (tmp_path / "x").exists()
+
+
+def test_forced_audit_is_part_of_the_revision(tmp_path: Path) -> None:
+    """POLICYHOOK_FORCE_AUDIT changes the revision, so decision logs tell forced-audit decisions apart."""
+    path = tmp_path / "in.json"
+    path.write_text(json.dumps(ACTIVATION))
+
+    def decide(**env: str) -> dict[str, str]:
+        result = subprocess.run(
+            [POLICYHOOK, "eval", str(ROOT / "policies"), "--input", str(path), "--format", "json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+            env={**os.environ, **env},
+        )
+        decision: dict[str, str] = json.loads(result.stdout)
+        return decision
+
+    normal, forced = decide(POLICYHOOK_FORCE_AUDIT=""), decide(POLICYHOOK_FORCE_AUDIT="true")
+    assert (normal["decision"], forced["decision"]) == ("deny", "would_deny")
+    assert forced["revision"] == normal["revision"] + "+forced-audit"

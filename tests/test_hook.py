@@ -84,6 +84,32 @@ class TestSeedScenario:
 
 
 class TestWrapping:
+    def test_callable_objects_are_named_after_their_type(self) -> None:
+        """A callable instance or functools.partial (no __qualname__) is guarded, named by its type."""
+        import functools
+
+        guard = Guard()
+
+        class Summarizer:
+            def __call__(self, text: str) -> str:
+                return f"a summary of {len(text)} characters"
+
+        def summarize(text: str, style: str) -> str:
+            return f"a {style} summary of {len(text)} characters"
+
+        for fn, name in [
+            (
+                Summarizer(),
+                "TestWrapping.test_callable_objects_are_named_after_their_type.<locals>.Summarizer",
+            ),
+            (functools.partial(summarize, style="short"), "partial"),
+        ]:
+            assert not hasattr(fn, "__qualname__")
+            guarded = guard(fn)
+            with capture_decisions(guard) as seen:
+                assert guarded(CONFIG).startswith("a ")
+            assert seen[0][1]["summarizer"]["name"] == name
+
     def test_async_function(self) -> None:
         """async def summarizers are awaited inside the guard and their output recorded."""
         guard = Guard()

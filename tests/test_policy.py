@@ -494,10 +494,10 @@ class TestDecisions:
 
 def test_shipped_policy_tests_pass_under_every_backend(backend: Any) -> None:
     """Every case of policies/**/*_test.yaml gives its expected decision under each CEL backend."""
-    from policyhook.authoring import run_tests, test_files
+    from policyhook.testing import run_tests
 
     root = Path(__file__).resolve().parent.parent / "policies"
-    results = run_tests(test_files(root), backend=backend)
+    results = run_tests(root, backend=backend)
     assert len(results) >= 15
     assert [(r.file, r.name, r.actual) for r in results if r.status != "passed"] == []
 

@@ -213,7 +213,7 @@ class TestScopeAndApi:
             """
             import sys
             import policyhook, policyhook.testing, policyhook.decisionlog, policyhook.otel
-            import policyhook.cli, policyhook.demo, policyhook.authoring, policyhook.reload
+            import policyhook.cli, policyhook.demo, policyhook._tester, policyhook._replay, policyhook.reload
             guard = policyhook.Guard()
             @guard(summarizer="s")
             def summarize(text):

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
+from policyhook._exit import HookExit
 from policyhook.adapters import untraced_summary
 from policyhook.hook import Guard, request
 from policyhook.loader import load
@@ -81,7 +82,7 @@ DEFAULT_MAX_TRANSCRIPT_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_LINE_BYTES = 32 * 1024 * 1024
 MAX_STDIN_BYTES = 1024 * 1024
 TRIGGERS = {"auto": "automatic", "manual": "manual"}
-EXIT_OK = 0
+EXIT_OK = HookExit.ANSWERED  # always: see policyhook._exit
 #: Raw markers of a compaction in a line that could not be parsed. Inside a JSON string (a tool
 #: result quoting a transcript) the quotes are escaped, so these match only a record's own keys.
 _COMPACTION_MARKERS = (b'"isCompactSummary":true', b'"subtype":"compact_boundary"')

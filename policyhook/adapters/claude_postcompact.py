@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from policyhook._exit import HookExit
 from policyhook.adapters.claude_code import HookError, check_writable_path, read_transcript
 from policyhook.grounding import Fact, FactIndex, Grounding, check
 
@@ -41,7 +42,7 @@ MAX_STDIN_BYTES = 4 * 1024 * 1024
 #: At most this many facts of each list go into the new window's context.
 MAX_LISTED = 20
 MAX_DROPPED = 10
-EXIT_OK, EXIT_ERROR = 0, 1
+EXIT_OK, EXIT_ERROR = HookExit.ANSWERED, HookExit.ERROR  # policyhook._exit
 
 
 def _fact_record(fact: Fact, sources: frozenset[str]) -> dict[str, Any]:
