@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import re
 import threading
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ OFFLOAD_KIND = "offload"
 #: Source kind of the pointer text that stands in the window for an offloaded region.
 POINTER_KIND = "offload_pointer"
 POINTER_PREFIX = "[policyhook offload "
+_POINTER_RE = re.compile(re.escape(POINTER_PREFIX) + r"(offload:[0-9a-f]+)\]")
 
 
 def remedy_name(value: object, where: str = "remedy") -> Remedy:
@@ -101,6 +103,12 @@ def unarchive(payload: str, ref: str) -> list[str]:
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
         raise ValueError(f"store entry {ref!r} is not an offloaded region: not a list of texts")
     return texts
+
+
+def pointers(text: str) -> list[str]:
+    """The offload refs named by the remedy pointers in `text`, in order (for runtimes and tools
+    that follow pointers back to the archive)."""
+    return _POINTER_RE.findall(text)
 
 
 def pointer_text(ref: str, texts: Sequence[str], pinned: Sequence[Pinned] = ()) -> str:

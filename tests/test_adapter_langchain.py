@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from policyhook import Guard, UnsafeRecompactionError
+from policyhook import Guard, UnsafeRecompactionError, remedies
 from policyhook.adapters.langchain import GuardedSummarizationMiddleware
 from policyhook.loader import compile_sources
 from policyhook.testing import capture_decisions
@@ -35,9 +35,16 @@ SUMMARIES = ["SUMMARY ONE: retry ceiling is 7 (config)", "SUMMARY TWO: retries a
 PREFIX = "Here is a summary of the conversation to date:\n\n"
 
 
+class ToolCallingFake(GenericFakeChatModel):
+    """A scripted chat model that accepts tools (the middleware adds `retrieve_context`)."""
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        return self
+
+
 def _agent(guard: Guard, **options: Any) -> tuple[Any, dict[str, Any]]:
     """An agent that summarizes at 7 messages, keeping the last 2, with scripted models."""
-    model = GenericFakeChatModel(messages=iter([AIMessage(f"answer {i}") for i in range(50)]))
+    model = ToolCallingFake(messages=iter([AIMessage(f"answer {i}") for i in range(50)]))
     middleware = GuardedSummarizationMiddleware(
         FakeListChatModel(responses=SUMMARIES),
         guard=guard,
@@ -103,10 +110,11 @@ class TestGuardedSummarizationMiddleware:
         assert [(d.effect, a["region"]["depth"]) for d, a in seen] == [("allow", 1)]
         assert messages[0].content == PREFIX + SUMMARIES[1]
 
-    def test_refusal_keeps_the_state_unchanged(self) -> None:
-        """With the originals evicted, the re-summarization is refused and no message is lost."""
+    def test_refusal_without_remedy_keeps_the_state_unchanged_and_never_asks_again(self) -> None:
+        """remedy=False: the refused pass leaves every message as it was, and later triggers do
+        not put the same refused summary to the guard again (no refusal loop)."""
         guard = Guard()
-        agent, config = _agent(guard)
+        agent, config = _agent(guard, remedy=False)
         before = _first_pass(agent, config)
         for source, _ in guard.store.sources(100):
             guard.store.evict(source.id)
@@ -119,6 +127,9 @@ class TestGuardedSummarizationMiddleware:
         assert [m.id for m in after[: len(before)]] == [m.id for m in before]
         assert [m.content for m in after[len(before) :]] == ["q4", "answer 4", "q5", "answer 5"]
         assert not any(SUMMARIES[1] in str(m.content) for m in after)
+        with capture_decisions(guard) as later:
+            _ask(agent, config, "q6", "q7", "q8")
+        assert later == []
 
     def test_refusal_is_traced_and_logged(self, caplog: pytest.LogCaptureFixture) -> None:
         """The refusal leaves a policyhook.guard span with status ERROR and a warning log line."""
@@ -126,7 +137,7 @@ class TestGuardedSummarizationMiddleware:
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(exporter))
         guard = Guard(tracer_provider=provider)
-        agent, config = _agent(guard)
+        agent, config = _agent(guard, remedy=False)
         _first_pass(agent, config)
         for source, _ in guard.store.sources(100):
             guard.store.evict(source.id)
@@ -166,7 +177,7 @@ class TestGuardedSummarizationMiddleware:
     def test_async_agent_refuses_the_same_way(self) -> None:
         """ainvoke goes through abefore_model and gets the same refusal and unchanged state."""
         guard = Guard()
-        agent, config = _agent(guard)
+        agent, config = _agent(guard, remedy=False)
         before = _first_pass(agent, config)
         for source, _ in guard.store.sources(100):
             guard.store.evict(source.id)
@@ -190,6 +201,7 @@ class TestGuardedSummarizationMiddleware:
             guard=guard,
             trigger=("messages", 4),
             keep=("messages", 1),
+            remedy=False,
         )
         summary = middleware._build_new_messages("made by another process, long ago")[0]
         state = {
@@ -210,6 +222,67 @@ class TestGuardedSummarizationMiddleware:
         kinds = {source.kind for source, _ in guard.store.sources(100)}
         assert kinds == {"user_turn", "ai_turn", "tool_output"}
         assert guard.store.get_source("langchain:a1") == "[tool call] pytest({})"
+
+
+class TestRemedies:
+    """The default: a refusal is answered in the same step, so the state goes back under the trigger."""
+
+    def _refused_pass(
+        self, guard: Guard, asynchronous: bool = False
+    ) -> tuple[list[Any], list[Any]]:
+        agent, config = _agent(guard)
+        before = _first_pass(agent, config)
+        for source, _ in guard.store.sources(100):
+            guard.store.evict(source.id)
+
+        async def ask() -> list[Any]:
+            out: dict[str, Any] = {}
+            for question in ("q4", "q5"):
+                out = await agent.ainvoke({"messages": [HumanMessage(question)]}, config)
+            return list(out["messages"])
+
+        after = asyncio.run(ask()) if asynchronous else _ask(agent, config, "q4", "q5")
+        return before, after
+
+    @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+    def test_refusal_is_answered_by_a_pointer_to_the_archived_messages(
+        self, asynchronous: bool
+    ) -> None:
+        """The refused summary and its neighbours are archived losslessly; a pointer replaces them."""
+        guard = Guard()
+        with capture_decisions(guard) as seen:
+            before, after = self._refused_pass(guard, asynchronous)
+        assert [d.effect for d, _ in seen][-1] == "deny"
+        pointer = str(after[0].content)
+        assert pointer.startswith(PREFIX + "[policyhook offload offload:")
+        assert len(after) < len(before) + 4  # back under the trigger, in the same step
+        (ref,) = remedies.pointers(pointer)
+        archived = guard.retrieve(ref)
+        assert archived[0] == SUMMARIES[0]  # the refused summary itself, exactly
+        assert not any(SUMMARIES[1] in str(m.content) for m in after)  # never re-summarized
+
+    def test_the_agent_can_read_the_archive_back(self) -> None:
+        """The middleware gives the agent a retrieve_context tool returning the archived texts."""
+        guard = Guard()
+        _, after = self._refused_pass(guard)
+        middleware = GuardedSummarizationMiddleware(FakeListChatModel(responses=[]), guard=guard)
+        (tool,) = middleware.tools
+        (ref,) = remedies.pointers(str(after[0].content))
+        assert tool.name == "retrieve_context"
+        assert SUMMARIES[0] in tool.invoke({"ref": ref})
+        assert "cannot retrieve" in tool.invoke({"ref": "offload:unknown"})
+
+    def test_the_pointer_is_evidence_the_next_pass_may_summarize(self) -> None:
+        """After a remedy, the next trigger summarizes the pointer and new turns: allowed."""
+        guard = Guard()
+        agent, config = _agent(guard)
+        _first_pass(agent, config)
+        for source, _ in guard.store.sources(100):
+            guard.store.evict(source.id)
+        _ask(agent, config, "q4", "q5")
+        with capture_decisions(guard) as seen:
+            _ask(agent, config, "q6", "q7", "q8")
+        assert [(d.effect, a["region"]["depth"]) for d, a in seen] == [("allow", 0)]
 
 
 def test_import_policyhook_does_not_import_langchain() -> None:

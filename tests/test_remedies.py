@@ -254,7 +254,7 @@ class TestDecoratorRemedy:
         text = summarize(window)
         assert len(inner.inputs) == 1  # the refused summary was never summarized again
         assert text.startswith(remedies.POINTER_PREFIX)
-        ref = text.split()[2].rstrip("]")
+        (ref,) = remedies.pointers(text)
         assert guard.retrieve(ref) == window  # lossless
         assert "/var/log/deploy.log [" in text and "OPS-4821 [" in text  # live facts pinned
         assert "cfg-42" not in text  # the dead source states nothing any more

@@ -13,8 +13,14 @@ goes through, `_create_summary(messages_to_summarize)`, and runs it inside `Guar
    as a depth-1 summary resting on a dead source (`untraced:...`);
 3. the guard decides (span, metrics, decision log, listeners, as for a decorated function); on a
    grant the summary is written by the unchanged upstream code and recorded as a summary one pass
-   deeper; on a refusal `before_model` returns no update, so the agent keeps its messages as they
-   are (nothing replaced, nothing lost), unless `raise_on_refusal=True`.
+   deeper;
+4. on a refusal the refusing rule's remedy runs in the same step (`Guard.remedy`): its text takes
+   the summary's place, so the state goes back under the trigger — a pointer to the archived
+   messages with their exact facts pinned (the agent gets a `retrieve_context` tool to read them
+   back), or a summary re-derived from the live originals. Nothing is lost: every original is in
+   the state or the store. With `remedy=False` the state is kept as it is instead, and the same
+   refused summary is not put to the guard again (no refusal loop); `raise_on_refusal=True`
+   raises instead.
 
 Requires `langchain>=1.0,<2` (the `_create_summary` / `_acreate_summary` seam).
 """
@@ -29,13 +35,14 @@ from dataclasses import replace
 from typing import Any
 
 from langchain.agents.middleware import SummarizationMiddleware
-from langchain_core.messages import AnyMessage, BaseMessage
+from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage
+from langchain_core.tools import BaseTool, StructuredTool
 from langgraph.runtime import Runtime
 
 from policyhook.adapters import message_kind, message_text, untraced_summary
 from policyhook.errors import UnsafeRecompactionError
 from policyhook.hook import Guard, GuardedCall, Request, current_request, request
-from policyhook.provenance import Region, content_of
+from policyhook.provenance import UNREGISTERED, Region, content_of
 
 __all__ = ["GuardedSummarizationMiddleware"]
 
@@ -61,8 +68,9 @@ class GuardedSummarizationMiddleware(SummarizationMiddleware[Any, Any]):
     - `summarizer_name`: the `summarizer.name` policies and telemetry see;
     - `window`: the window id, or a function of the runtime returning it; default: the LangGraph
       `thread_id` when there is one, else the enclosing `policyhook.request(window=...)`;
-    - `raise_on_refusal`: raise `UnsafeRecompactionError` out of the agent instead of keeping the
-      messages unsummarized.
+    - `remedy`: on a refusal, put the remedy's text in the summary's place (default); False keeps
+      the messages unsummarized;
+    - `raise_on_refusal`: raise `UnsafeRecompactionError` out of the agent instead.
     """
 
     def __init__(
@@ -73,6 +81,7 @@ class GuardedSummarizationMiddleware(SummarizationMiddleware[Any, Any]):
         summarizer_name: str = "langchain.summarization",
         window: str | Callable[[Runtime[Any]], str] | None = None,
         raise_on_refusal: bool = False,
+        remedy: bool = True,
         **options: Any,
     ) -> None:
         super().__init__(model, **options)
@@ -80,46 +89,116 @@ class GuardedSummarizationMiddleware(SummarizationMiddleware[Any, Any]):
         self.summarizer_name = summarizer_name
         self.window = window
         self.raise_on_refusal = raise_on_refusal
+        self.remedy = remedy and not raise_on_refusal
+        self.tools = [retrieval_tool(guard)] if self.remedy else []
+        #: Ids of summary messages refused while `remedy=False`: never put to the guard again.
+        self._refused: set[str] = set()
         prefix = content_of(self._build_new_messages("")[0])
         self._summary_prefix = prefix or ""
 
     # -- the hooks: same flow as upstream, refusals turned into "no update" ----------------------
 
     def before_model(self, state: Any, runtime: Runtime[Any]) -> dict[str, Any] | None:
-        """Summarize as upstream does, if the guard allows; otherwise leave the state as it is."""
+        """Summarize as upstream does, if the guard allows; otherwise the remedy, or no update."""
+        if self._known_refused(state):
+            return None
         with self._compaction(state, runtime):
             try:
                 return super().before_model(state, runtime)
             except UnsafeRecompactionError as refusal:
-                self._refused(refusal)
+                self._refused_without_remedy(refusal)
                 return None
 
     async def abefore_model(self, state: Any, runtime: Runtime[Any]) -> dict[str, Any] | None:
         """Async twin of `before_model`."""
+        if self._known_refused(state):
+            return None
         with self._compaction(state, runtime):
             try:
                 return await super().abefore_model(state, runtime)
             except UnsafeRecompactionError as refusal:
-                self._refused(refusal)
+                self._refused_without_remedy(refusal)
                 return None
 
     # -- the seam -------------------------------------------------------------------------------
 
     def _create_summary(self, messages_to_summarize: list[AnyMessage]) -> str:
-        with self._guarding(messages_to_summarize) as call:
-            return call.record(super()._create_summary(messages_to_summarize))
+        current = self._request(messages_to_summarize)
+        value = self._provenance(messages_to_summarize, current.window)
+        try:
+            with self._guarding(value, current) as call:
+                return call.record(super()._create_summary(messages_to_summarize))
+        except UnsafeRecompactionError as refusal:
+            if not self.remedy:
+                self._remember(refusal, messages_to_summarize)
+                raise
+
+            def rederive(texts: list[str]) -> str:
+                with self._guarding(texts, current) as call:
+                    upstream = SummarizationMiddleware._create_summary
+                    return call.record(upstream(self, [HumanMessage(t) for t in texts]))
+
+            remedied = self.guard.remedy(
+                refusal,
+                value,
+                summarize=rederive,
+                budget_chars=self._budget_chars(),
+                summarizer=self.summarizer_name,
+                window=current.window,
+            )
+            return remedied.text
 
     async def _acreate_summary(self, messages_to_summarize: list[AnyMessage]) -> str:
-        with self._guarding(messages_to_summarize) as call:
-            return call.record(await super()._acreate_summary(messages_to_summarize))
+        current = self._request(messages_to_summarize)
+        value = self._provenance(messages_to_summarize, current.window)
+        try:
+            with self._guarding(value, current) as call:
+                return call.record(await super()._acreate_summary(messages_to_summarize))
+        except UnsafeRecompactionError as refusal:
+            if not self.remedy:
+                self._remember(refusal, messages_to_summarize)
+                raise
+
+            async def rederive(texts: list[str]) -> str:
+                with self._guarding(texts, current) as call:
+                    upstream = SummarizationMiddleware._acreate_summary
+                    return call.record(await upstream(self, [HumanMessage(t) for t in texts]))
+
+            remedied = await self.guard.aremedy(
+                refusal,
+                value,
+                summarize=rederive,
+                budget_chars=self._budget_chars(),
+                summarizer=self.summarizer_name,
+                window=current.window,
+            )
+            return remedied.text
 
     @contextmanager
-    def _guarding(self, messages: list[AnyMessage]) -> Iterator[GuardedCall]:
-        """The guarded call of one summary: provenance of `messages`, decided by the guard."""
-        current = self._request(messages)
-        value = self._provenance(messages, current.window)
+    def _guarding(
+        self, value: list[str | Region] | list[str], current: Request
+    ) -> Iterator[GuardedCall]:
+        """The guarded call of one summary, decided by the guard."""
         with self.guard.guarding(value, summarizer=self.summarizer_name, request=current) as call:
             yield call
+
+    def _budget_chars(self) -> int | None:
+        """What `rederive` may put in one summarizer call: the budget, at ~4 characters a token."""
+        budget = self._budget()
+        return 4 * budget if budget > 0 else None
+
+    # -- refusals without a remedy: never the same one twice ------------------------------------
+
+    def _remember(self, refusal: UnsafeRecompactionError, messages: Sequence[AnyMessage]) -> None:
+        """Keep the refused summaries' ids: the next trigger must not ask again about them."""
+        self._refused.update(m.id for m in messages if _is_summary(m) and m.id)
+
+    def _known_refused(self, state: Any) -> bool:
+        """The state still holds a summary refused before (remedy=False): skip, deciding nothing
+        new; the messages stay as they are, as the refusal left them."""
+        if not self._refused:
+            return False
+        return any(_is_summary(m) and m.id in self._refused for m in state["messages"])
 
     # -- provenance -----------------------------------------------------------------------------
 
@@ -137,8 +216,8 @@ class GuardedSummarizationMiddleware(SummarizationMiddleware[Any, Any]):
                 continue
             prefix = self._summary_prefix
             body = text[len(prefix) :] if prefix and text.startswith(prefix) else text
-            if self.guard.provenance(body, window).depth > 0:
-                value.append(body)
+            if _known(self.guard.provenance(body, window)):
+                value.append(body)  # a summary the guard recorded, or a remedy's pointer
             else:
                 value.append(untraced_summary(body))
         return value
@@ -193,10 +272,30 @@ class GuardedSummarizationMiddleware(SummarizationMiddleware[Any, Any]):
             return None
         return None if thread is None else str(thread)
 
-    def _refused(self, refusal: UnsafeRecompactionError) -> None:
+    def _refused_without_remedy(self, refusal: UnsafeRecompactionError) -> None:
         if self.raise_on_refusal:
             raise refusal
         _logger.warning(
             "policyhook: summarization refused, the agent keeps its messages unsummarized: %s",
             refusal,
         )
+
+
+def _known(region: Region) -> bool:
+    """Whether the guard knows all of a text: a summary it recorded, or recorded evidence (such
+    as a remedy's pointer). Anything it cannot account for is treated as an untraced summary."""
+    return region.depth > 0 or UNREGISTERED not in region.source_kinds
+
+
+def retrieval_tool(guard: Guard) -> BaseTool:
+    """The `retrieve_context` tool: gives the agent back, exactly, what a remedy archived."""
+
+    def retrieve_context(ref: str) -> str:
+        """Return, exactly, the earlier messages archived under `ref` (an id such as
+        `offload:1a2b…` named in a `[policyhook offload …]` note in the conversation)."""
+        try:
+            return "\n\n".join(guard.retrieve(ref.strip()))
+        except (KeyError, ValueError) as error:
+            return f"cannot retrieve {ref!r}: {error}"
+
+    return StructuredTool.from_function(retrieve_context)
