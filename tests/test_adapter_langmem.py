@@ -19,7 +19,7 @@ from langgraph.graph.message import add_messages
 from langmem.short_term import RunningSummary
 from langmem.short_term import summarize_messages as langmem_summarize
 
-from policyhook import Guard, UnsafeRecompactionError
+from policyhook import Guard, UnsafeRecompactionError, remedies
 from policyhook.adapters.langmem import (
     GuardedSummarizationNode,
     asummarize_messages,
@@ -104,9 +104,9 @@ class TestSummarizeMessages:
         assert [(d.effect, a["region"]["depth"]) for d, a in seen] == [("allow", 1)]
         assert result.running_summary.summary == SUMMARIES[1]
 
-    def test_refusal_keeps_the_running_summary_and_every_message(self) -> None:
-        """With the originals evicted, langmem is not called; the summary and turns stay as is."""
-        chat = Conversation(Guard())
+    def test_refusal_without_remedy_keeps_the_running_summary_and_every_message(self) -> None:
+        """remedy=False: with the originals evicted, langmem is not called; all stays as is."""
+        chat = Conversation(Guard(), remedy=False)
         chat.say(2)
         first = chat.summary
         chat.evict_all()
@@ -154,13 +154,14 @@ class TestSummarizeMessages:
                 running_summary=restored,
                 model=FakeListChatModel(responses=["never"]),
                 guard=guard,
+                remedy=False,
                 **OPTIONS,
             )
         assert result.running_summary is restored
         assert [d.split(":")[0] for d in seen[0][0].dead_sources] == ["untraced"]
 
     def test_async_refusal(self) -> None:
-        """asummarize_messages refuses the same way and keeps the running summary."""
+        """asummarize_messages (remedy=False) refuses the same way and keeps the running summary."""
         chat = Conversation(Guard())
         chat.say(2)
         first = chat.summary
@@ -175,11 +176,41 @@ class TestSummarizeMessages:
                     model=chat.model,
                     guard=chat.guard,
                     window="chat-1",
+                    remedy=False,
                     **OPTIONS,
                 )
             )
         assert [d.effect for d, _ in seen] == ["deny"]
         assert result.running_summary is first
+
+    @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+    def test_refusal_is_remedied_within_max_tokens(self, asynchronous: bool) -> None:
+        """By default the remedy's pointer becomes the running summary: max_tokens holds, the
+        refused summary and the folded turns are archived exactly, nothing is re-summarized."""
+        chat = Conversation(Guard())
+        chat.say(2)
+        chat.evict_all()
+        chat.messages += [HumanMessage(f"more {i}", id=f"m{i}") for i in range(4)]
+        arguments = {
+            "running_summary": chat.summary,
+            "model": chat.model,
+            "guard": chat.guard,
+            "window": "chat-1",
+            **OPTIONS,
+        }
+        with capture_decisions(chat.guard) as seen:
+            result = (
+                asyncio.run(asummarize_messages(chat.messages, **arguments))
+                if asynchronous
+                else summarize_messages(chat.messages, **arguments)
+            )
+        assert [d.effect for d, _ in seen] == ["deny"]
+        pointer = result.running_summary.summary
+        (ref,) = remedies.pointers(pointer)
+        archived = chat.guard.retrieve(ref)
+        assert archived[0] == SUMMARIES[0] and "more 0" in archived
+        assert OPTIONS["token_counter"](result.messages) <= OPTIONS["max_tokens"]
+        assert not any(SUMMARIES[1] in str(m.content) for m in result.messages)
 
 
 class State(TypedDict, total=False):
@@ -192,7 +223,11 @@ def test_guarded_summarization_node_in_a_graph() -> None:
     """GuardedSummarizationNode in a real StateGraph: grants, then refuses once sources are gone."""
     guard = Guard()
     node = GuardedSummarizationNode(
-        guard=guard, window="graph-1", model=FakeListChatModel(responses=SUMMARIES), **OPTIONS
+        guard=guard,
+        window="graph-1",
+        model=FakeListChatModel(responses=SUMMARIES),
+        remedy=False,
+        **OPTIONS,
     )
     graph = StateGraph(State)
     graph.add_node("summarize", node)

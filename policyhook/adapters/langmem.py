@@ -12,10 +12,13 @@ These wrappers take langmem's own arguments plus a `guard`, and:
 3. run langmem with the real model inside `Guard.guarding` (same span, metrics, decision log and
    listeners as the decorator), and record the new summary one pass deeper.
 
-On refusal (enforce mode) the default is to **return langmem's own no-summarization result**: the
-running summary unchanged and every message it does not cover kept verbatim, so nothing is lost and
-nothing is re-judged; the context simply stays larger. Pass `raise_on_refusal=True` to get
-`UnsafeRecompactionError` instead.
+On refusal (enforce mode) the refusing rule's **remedy** runs (`Guard.remedy`) and its text becomes
+the new running summary, through langmem's own code (a model that answers with that text): the
+messages it covers leave the context and `max_tokens` holds, as for any summary. The running
+summary and the folded messages are archived losslessly behind the remedy's pointer (or, for
+`rederive`, summarized again from the live originals, never from the refused summary). With
+`remedy=False` langmem's own no-summarization result is returned instead (nothing lost, nothing
+re-judged, the context stays larger); `raise_on_refusal=True` raises `UnsafeRecompactionError`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from langchain_core.messages import AIMessage, AnyMessage
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langchain_core.messages.utils import count_tokens_approximately
 from langchain_core.runnables import RunnableLambda
 from langmem.short_term import summarization as upstream  # type: ignore[import-untyped]
@@ -39,6 +42,7 @@ from policyhook.adapters import message_kind, message_text, untraced_summary
 from policyhook.errors import UnsafeRecompactionError
 from policyhook.hook import Guard, GuardedCall, Request, current_request
 from policyhook.provenance import Region, content_of
+from policyhook.remedies import Remedied
 
 __all__ = ["GuardedSummarizationNode", "asummarize_messages", "summarize_messages"]
 
@@ -76,6 +80,7 @@ def summarize_messages(
     summarizer_name: str = DEFAULT_NAME,
     window: str | None = None,
     raise_on_refusal: bool = False,
+    remedy: bool = True,
     **options: Any,
 ) -> SummarizationResult:
     """langmem's `summarize_messages`, decided by `guard` before it (re-)summarizes.
@@ -99,7 +104,17 @@ def summarize_messages(
             )
             return _recorded(call, result)
     except UnsafeRecompactionError as refusal:
-        return _refused(refusal, raise_on_refusal, messages, running_summary, options)
+        if raise_on_refusal or not remedy:
+            return _refused(refusal, raise_on_refusal, messages, running_summary, options)
+        remedied = guard.remedy(
+            refusal,
+            value,
+            summarize=lambda texts: _summary_of(model, texts, options),
+            budget_chars=_budget_chars(options),
+            summarizer=summarizer_name,
+            window=current.window,
+        )
+        return _in_place(remedied, messages, running_summary, options)
 
 
 async def asummarize_messages(
@@ -111,6 +126,7 @@ async def asummarize_messages(
     summarizer_name: str = DEFAULT_NAME,
     window: str | None = None,
     raise_on_refusal: bool = False,
+    remedy: bool = True,
     **options: Any,
 ) -> SummarizationResult:
     """Async twin of `summarize_messages` (langmem's `asummarize_messages`)."""
@@ -129,14 +145,28 @@ async def asummarize_messages(
             )
             return _recorded(call, result)
     except UnsafeRecompactionError as refusal:
-        return _refused(refusal, raise_on_refusal, messages, running_summary, options)
+        if raise_on_refusal or not remedy:
+            return _refused(refusal, raise_on_refusal, messages, running_summary, options)
+
+        async def rederive(texts: list[str]) -> str:
+            return _text((await model.ainvoke(_prompt(texts, options))).content)
+
+        remedied = await guard.aremedy(
+            refusal,
+            value,
+            summarize=rederive,
+            budget_chars=_budget_chars(options),
+            summarizer=summarizer_name,
+            window=current.window,
+        )
+        return _in_place(remedied, messages, running_summary, options)
 
 
 class GuardedSummarizationNode(upstream.SummarizationNode):  # type: ignore[misc]
     """langmem's `SummarizationNode` (a LangGraph node) whose summaries go through `guard`.
 
-    Takes every argument of `SummarizationNode`, plus `guard`, `summarizer_name`, `window` and
-    `raise_on_refusal` as for `summarize_messages`.
+    Takes every argument of `SummarizationNode`, plus `guard`, `summarizer_name`, `window`,
+    `remedy` and `raise_on_refusal` as for `summarize_messages`.
     """
 
     def __init__(
@@ -146,6 +176,7 @@ class GuardedSummarizationNode(upstream.SummarizationNode):  # type: ignore[misc
         summarizer_name: str = "langmem.SummarizationNode",
         window: str | None = None,
         raise_on_refusal: bool = False,
+        remedy: bool = True,
         **options: Any,
     ) -> None:
         super().__init__(**options)
@@ -153,6 +184,7 @@ class GuardedSummarizationNode(upstream.SummarizationNode):  # type: ignore[misc
         self.summarizer_name = summarizer_name
         self.window = window
         self.raise_on_refusal = raise_on_refusal
+        self.remedy = remedy
 
     def _options(self) -> dict[str, Any]:
         return {
@@ -174,6 +206,7 @@ class GuardedSummarizationNode(upstream.SummarizationNode):  # type: ignore[misc
             "summarizer_name": self.summarizer_name,
             "window": self.window,
             "raise_on_refusal": self.raise_on_refusal,
+            "remedy": self.remedy,
             **self._options(),
         }
 
@@ -257,3 +290,35 @@ def _refused(
     return upstream.summarize_messages(
         messages, running_summary=running_summary, model=_Probe().runnable, **keep
     )
+
+
+def _in_place(
+    remedied: Remedied,
+    messages: list[AnyMessage],
+    running_summary: RunningSummary | None,
+    options: dict[str, Any],
+) -> SummarizationResult:
+    """langmem's result with the remedy's text as the new running summary: langmem's own code
+    decides which messages it covers and keeps the rest within `max_tokens`."""
+    answer: RunnableLambda[Any, AIMessage] = RunnableLambda(
+        lambda _: AIMessage(content=remedied.text)
+    )
+    return upstream.summarize_messages(
+        messages, running_summary=running_summary, model=answer, **options
+    )
+
+
+def _prompt(texts: list[str], options: dict[str, Any]) -> Any:
+    """langmem's first-summary prompt over `texts` (live originals, for `rederive`)."""
+    template = options.get("initial_summary_prompt", upstream.DEFAULT_INITIAL_SUMMARY_PROMPT)
+    return template.invoke({"messages": [HumanMessage(text) for text in texts]})
+
+
+def _summary_of(model: Any, texts: list[str], options: dict[str, Any]) -> str:
+    return _text(model.invoke(_prompt(texts, options)).content)
+
+
+def _budget_chars(options: dict[str, Any]) -> int | None:
+    """What `rederive` may put in one model call: langmem's `max_tokens`, ~4 characters a token."""
+    budget = int(options.get("max_tokens", 0))
+    return 4 * budget if budget > 0 else None
