@@ -120,10 +120,12 @@ class GuardedCall:
         decision: Decision,
         activation: Mapping[str, Any],
         span: Span,
+        value: Any = None,
     ) -> None:
         self.summarizer = summarizer
         self.request = request
         self.decision = decision
+        self._value = value
         self._guard = guard
         self._resolution = resolution
         self._activation = activation
@@ -138,12 +140,16 @@ class GuardedCall:
     def record(self, output: T) -> T:
         """Record a granted call's output as a summary of its input; returns what to use.
 
+        A text output gets back every remedy pointer of the input it lost (appended verbatim:
+        the way back to an archive, and its pinned facts, are never re-judged by a summarizer).
         Never raises for a store failure: the summarizer has run, so its output is the caller's.
         The failure is logged, counted (`policyhook.store.errors`) and marked on the span, and the
         call ends with outcome `store_error`.
         """
         if self._outcome is not None:
             raise RuntimeError(f"guarded call of {self.summarizer!r} was already recorded")
+        if isinstance(output, str) and remedies.POINTER_PREFIX in _joined(self._value):
+            output = cast(T, remedies.carried(_shapes.read(self._value), output))
         self._outcome = self._guard._record(output, self._resolution, self.request.window, self)
         return output
 
@@ -698,7 +704,7 @@ class Guard:
                 span, decision, activation, time.perf_counter() - started, content
             )
             self._notify(decision, activation)
-            call = GuardedCall(self, summarizer, req, resolution, decision, activation, span)
+            call = GuardedCall(self, summarizer, req, resolution, decision, activation, span, value)
             if decision.effect == "deny":
                 refusal = UnsafeRecompactionError(decision)
                 self._telemetry.refused(span, refusal)

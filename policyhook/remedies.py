@@ -40,6 +40,11 @@ OFFLOAD_KIND = "offload"
 POINTER_KIND = "offload_pointer"
 POINTER_PREFIX = "[policyhook offload "
 _POINTER_RE = re.compile(re.escape(POINTER_PREFIX) + r"(offload:[0-9a-f]+)\]")
+#: A whole pointer: its first line, then the pinned facts it lists.
+_BLOCK_RE = re.compile(
+    re.escape(POINTER_PREFIX)
+    + r"(offload:[0-9a-f]+)\][^\n]*(?:\nExact facts[^\n]*)?(?:\n- [^\n]*)*"
+)
 
 
 def remedy_name(value: object, where: str = "remedy") -> Remedy:
@@ -109,6 +114,23 @@ def pointers(text: str) -> list[str]:
     """The offload refs named by the remedy pointers in `text`, in order (for runtimes and tools
     that follow pointers back to the archive)."""
     return _POINTER_RE.findall(text)
+
+
+def carried(inputs: Iterable[str], output: str) -> str:
+    """`output` with every pointer of `inputs` it lost appended verbatim.
+
+    A pointer is the only way back to an archive, and its pinned facts are carried "outside any
+    summary that could re-judge them": a summarizer that drops or rewrites them must not cut the
+    path. (Older pointers live inside newer archives, so the window's own pointers suffice.)
+    """
+    kept = set(pointers(output))
+    missing: list[str] = []
+    for text in inputs:
+        for block in _BLOCK_RE.finditer(text):
+            if block.group(1) not in kept:
+                kept.add(block.group(1))
+                missing.append(block.group(0))
+    return "\n\n".join([output.rstrip(), *missing]) if missing else output
 
 
 def pointer_text(ref: str, texts: Sequence[str], pinned: Sequence[Pinned] = ()) -> str:

@@ -392,3 +392,27 @@ class TestRemedyTelemetry:
         assert second.attributes["policyhook.remedy.outcome"] == "fallback"
         assert telemetry.total(REMEDIES, remedy="pin", outcome="applied") == 1
         assert telemetry.total(REMEDIES, remedy="pin", requested="rederive") == 1
+
+
+class TestCarriedPointers:
+    def test_a_summary_that_drops_a_pointer_gets_it_back_verbatim(self) -> None:
+        """A granted summary of a window holding a pointer keeps the pointer and its pins."""
+        guard = policyhook.Guard()
+        inner = Scripted()
+        summarize = guard(inner, summarizer="s", remedy=True)
+        s1 = seeded(guard, summarize)
+        guard.store.evict("cfg-42")
+        pointer = summarize([s1, "user: status?"])
+        later = summarize([pointer, "user: next step, please"])
+        assert later.startswith("Summary 2") and later.endswith(pointer)
+        (ref,) = remedies.pointers(later)
+        assert guard.retrieve(ref)[0] == s1
+        assert guard.provenance(later).depth == 1  # the carried pointer is part of the record
+
+    def test_only_lost_pointers_are_added(self) -> None:
+        """Pointers the output kept are not repeated; inputs without pointers change nothing."""
+        pinned = (remedies.Pinned("path", "", "/etc/app.yaml", "src-1"),)
+        block = remedies.pointer_text("offload:ab12", ["x"], pinned)
+        assert remedies.carried(["no pointer here"], "out") == "out"
+        assert remedies.carried([f"before\n{block}\nafter"], "out") == f"out\n\n{block}"
+        assert remedies.carried([block, block], f"out {block}") == f"out {block}"
