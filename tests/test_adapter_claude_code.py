@@ -592,3 +592,18 @@ class TestRealTranscripts:
         allowed(hook(self.hook_input("spotter-4d5611e5-after-compaction.jsonl", "manual")))
         region = hook.last()["activation"]["region"]
         assert (region["depth"], region["live_sources"]) == (1, ["claude:earlier:u1"])
+
+
+def test_decision_log_folder_is_created(tmp_path: Path) -> None:
+    """A --decision-log in a folder that does not exist yet is created, like the store's."""
+    log = tmp_path / "new" / "folder" / "decisions.jsonl"
+    command = [str(POLICYHOOK), "claude-precompact", "--store", str(tmp_path / "s.sqlite")]
+    result = subprocess.run(
+        [*command, "--decision-log", str(log)],
+        input=json.dumps(hook_input("fresh")),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    allowed(result)
+    assert json.loads(log.read_text().splitlines()[-1])["decision"] == "allow"

@@ -299,9 +299,9 @@ def _preservation(entry: _Entry, metadata: Any) -> None:
         head = part.get("headUuid")
         head = head if isinstance(head, str) else (listed[0] if listed else None)
         anchor = part.get("anchorUuid")
-        entry.preserved_head = entry.preserved_head or head
+        entry.preserved_head = entry.preserved_head or (_clean(head) if head else None)
         entry.preserved_anchor = entry.preserved_anchor or (
-            anchor if isinstance(anchor, str) else None
+            _clean(anchor) if isinstance(anchor, str) else None
         )
         for key_uuid in ("headUuid", "tailUuid"):
             if isinstance(part.get(key_uuid), str):
@@ -841,6 +841,7 @@ def _run(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> None:
     log = args.decision_log.expanduser() if args.decision_log is not None else None
     if log is not None:
         check_writable_path(log, "decision log")
+        log.parent.mkdir(parents=True, exist_ok=True)
     store_path.parent.mkdir(parents=True, exist_ok=True)
     telemetry = _telemetry()
     with SQLiteStore(store_path) as store:
