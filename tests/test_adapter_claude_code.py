@@ -474,19 +474,25 @@ class TestUndecidable:
         undecided(hook(hook_input(path), "--max-line-bytes", "1048576"), "no main-chain user")
 
     @pytest.mark.parametrize("option", ["--decision-log", "--store"])
-    def test_fifo_log_or_store_is_refused(self, tmp_path: Path, option: str) -> None:
-        """A FIFO as decision log or store would block the open: refused before it."""
-        fifo = tmp_path / "fifo"
-        os.mkfifo(fifo)
+    @pytest.mark.parametrize(
+        ("path", "kind"), [("fifo", "a FIFO"), ("/dev/zero", "a character device")]
+    )
+    def test_fifo_or_device_log_or_store_is_refused(
+        self, tmp_path: Path, option: str, path: str, kind: str
+    ) -> None:
+        """A FIFO would block the open, /dev/zero fill the disk: refused before opening."""
+        target = tmp_path / path
+        if path == "fifo":
+            os.mkfifo(target)
         command = [str(POLICYHOOK), "claude-precompact", "--store", str(tmp_path / "s.sqlite")]
         result = subprocess.run(
-            [*command, option, str(fifo)],
+            [*command, option, str(target)],
             input=json.dumps(hook_input("fresh")),
             capture_output=True,
             text=True,
             timeout=60,
         )
-        undecided(result, "is not a regular file (a FIFO)")
+        undecided(result, f"is not a regular file ({kind})")
 
     def test_bad_policy_file_is_blocked(self, hook: Hook, tmp_path: Path) -> None:
         policy = tmp_path / "p.yaml"

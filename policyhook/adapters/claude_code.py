@@ -64,13 +64,17 @@ from policyhook.stores import SQLiteStore
 
 __all__ = [
     "SUMMARIZER",
+    "HookError",
     "Limits",
     "Segment",
     "Transcript",
     "answer",
+    "check_writable_path",
     "decide",
     "main",
+    "open_regular",
     "read_transcript",
+    "undecided",
 ]
 
 #: The `summarizer.name` policies and telemetry see for Claude Code's own compaction.
