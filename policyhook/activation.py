@@ -70,6 +70,30 @@ CEL_TYPES: Mapping[str, _celcheck.CelType] = {
     for variable, fields in SCHEMA.items()
 }
 
+#: What output-phase policies (`spec.phase: output`) see besides the variables above: the facts
+#: of the summarizer's output and the live sources stating them (docs/grounding.md). Counts,
+#: kinds and ratios only; no fact's text.
+SUMMARY: tuple[Field, ...] = (
+    Field("facts", "int", "checkable facts in the output (numbers with their context, ids, …)"),
+    Field("grounded", "int", "facts a live source of the input states"),
+    Field("ungrounded", "int", "facts no source states"),
+    Field("unverifiable", "int", "facts only dead sources state"),
+    Field("dropped", "int", "key facts of the live sources (`key: value`, ids) the output lost"),
+    Field("key_facts", "int", "key facts of the live sources"),
+    Field("kinds", "list(string)", 'kinds of the facts: "number", "identifier", "path", …'),
+    Field("ungrounded_kinds", "list(string)", "kinds of the ungrounded facts"),
+    Field("unverifiable_kinds", "list(string)", "kinds of the unverifiable facts"),
+    Field("dropped_kinds", "list(string)", "kinds of the dropped facts"),
+    Field("grounded_ratio", "double", "grounded / facts (1.0 without facts)"),
+    Field("ungrounded_ratio", "double", "ungrounded / facts (0.0 without facts)"),
+    Field("dropped_ratio", "double", "dropped / key_facts (0.0 without key facts)"),
+)
+#: The activation of an output-phase policy, as CEL types.
+OUTPUT_CEL_TYPES: Mapping[str, _celcheck.CelType] = {
+    **CEL_TYPES,
+    "summary": _celcheck.struct("summary", {f.name: _celcheck.parse_type(f.type) for f in SUMMARY}),
+}
+
 
 def build(
     region: Region,
@@ -161,6 +185,11 @@ def validate(activation: Mapping[str, Any], where: str = "input") -> dict[str, d
         raise ValueError("\n".join(problems))
     result["request"]["budget_pressure"] = float(result["request"]["budget_pressure"])
     return result
+
+
+def summary(grounding: Mapping[str, Any]) -> dict[str, Any]:
+    """The `summary` variable from `Grounding.summary()`: the declared fields only."""
+    return {f.name: grounding[f.name] for f in SUMMARY}
 
 
 def markdown_table() -> str:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar, cast, overload
 
-from policyhook import _shapes, remedies
+from policyhook import _shapes, grounding, remedies
 from policyhook import activation as schema
 from policyhook.cel import Backend
 from policyhook.decisionlog import DecisionLog, Outcome
@@ -131,6 +131,8 @@ class GuardedCall:
         self._activation = activation
         self._span = span
         self._outcome: Outcome | None = None
+        #: The output's facts and their sources, when output-phase policies checked it.
+        self.grounding: grounding.Grounding | None = None
 
     @property
     def region(self) -> Region:
@@ -150,6 +152,8 @@ class GuardedCall:
             raise RuntimeError(f"guarded call of {self.summarizer!r} was already recorded")
         if isinstance(output, str) and remedies.POINTER_PREFIX in _joined(self._value):
             output = cast(T, remedies.carried(_shapes.read(self._value), output))
+        # output-phase policies decide before anything is recorded (UnsafeRecompactionError)
+        output = self._guard._check_output(output, self)
         self._outcome = self._guard._record(output, self._resolution, self.request.window, self)
         return output
 
@@ -218,6 +222,7 @@ class Guard:
         max_texts_per_window: int = 1024,
         escalation: Escalation | None = None,
         pin_limit: int = 40,
+        cite_sources: bool = False,
     ) -> None:
         self.store: Store = store if store is not None else MemoryStore()
         self.escalation = escalation
@@ -230,6 +235,11 @@ class Guard:
         )
         self.archive_originals = archive_originals
         self.count_tokens = count_tokens
+        #: Render the live sources of each grounded fact into a text output (`ceiling 7 [cfg-42]`)
+        #: when output-phase policies check it; `call.grounding` has them either way.
+        self.cite_sources = cite_sources
+        self._facts = grounding.FactIndex()  # facts of the sources, indexed when first needed
+        self._carried = grounding.FactIndex()  # per-fact provenance of the outputs recorded
         if isinstance(decision_log, str | Path):
             decision_log = DecisionLog(decision_log)
         self.decision_log = decision_log
@@ -328,6 +338,9 @@ class Guard:
             try:
                 with self._telemetry.summarizing(summarizer):
                     yield call
+            except UnsafeRecompactionError:
+                call._end("refused" if call.grounding is not None else "failed")
+                raise
             except Exception:
                 call._end("failed")
                 raise
@@ -719,6 +732,51 @@ class Guard:
                     UnsafeRecompactionError(decision),
                 )
             yield call
+
+    def _check_output(self, output: T, call: GuardedCall) -> T:
+        """Output phase: map the output's facts to the input's live sources; output policies
+        decide on the `summary` activation. Returns what to use (cited when asked)."""
+        policies = self.policies
+        if not policies.checks_output:
+            return output
+        texts = _texts(output)
+        live = set(call._activation["region"]["live_sources"])
+        for source_id in live:
+            if source_id not in self._facts:
+                try:
+                    text = self.store.get_source(source_id)
+                except Exception as error:
+                    self._store_failed(call, "get_source", error)
+                    text = None  # its facts stay unverifiable: nothing to check them against
+                if text is not None:
+                    self._facts.add(source_id, text)
+        for source_id, text in call._resolution.unregistered:  # the input's own new content
+            self._facts.add(source_id, text)
+            live.add(source_id)
+        found = grounding.check("\n".join(texts), self._facts, live, carried=self._carried)
+        call.grounding = found
+        activation = {**call._activation, "summary": schema.summary(found.summary())}
+        decision = policies.decide(activation, phase="output")
+        if decision.effect != "allow":
+            decision = replace(decision, message=f"{decision.message}: {found.describe()}")
+            # the decision log and the refusal carry the output's decision, not the input's
+            call.decision, call._activation = decision, activation
+        self._notify(decision, activation)
+        if decision.effect == "deny":
+            refusal = UnsafeRecompactionError(decision)
+            self._telemetry.refused(call._span, refusal)
+            raise refusal
+        if decision.effect == "would_deny":
+            _logger.log(
+                logging.WARNING if decision.mode == "warn" else logging.INFO,
+                "policyhook (%s mode) would refuse the output: %s",
+                decision.mode,
+                UnsafeRecompactionError(decision),
+            )
+        self._carried.add_facts(found.provenance())
+        if self.cite_sources and isinstance(output, str):
+            return cast(T, grounding.cite(output, found))
+        return output
 
     def _record(
         self, output: Any, resolution: Resolution, window: str, call: GuardedCall

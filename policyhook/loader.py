@@ -157,7 +157,17 @@ LocatingLoader.add_constructor(
 
 _TOP_KEYS = {"apiVersion", "kind", "metadata", "spec"}
 _METADATA_KEYS = {"name", "labels", "annotations"}
-_SPEC_KEYS = {"description", "mode", "failurePolicy", "matchConditions", "variables", "rules"}
+_SPEC_KEYS = {
+    "description",
+    "mode",
+    "phase",
+    "failurePolicy",
+    "matchConditions",
+    "variables",
+    "rules",
+}
+#: When a policy decides: `input` before the summarizer runs, `output` on what it returned.
+PHASES = ("input", "output")
 _NAMED_KEYS = {"name", "expression"}
 _RULE_KEYS = {"name", "expression", "message", "messageExpression", "remedy", "remedyExpression"}
 
@@ -420,7 +430,11 @@ def _compile_document(
             "failurePolicy",
             f"spec.failurePolicy must be deny or allow, got {failure_policy!r}",
         )
-    compiler = _ExpressionCompiler(check, backend)
+    phase = spec.get("phase", "input")
+    if phase not in PHASES:
+        check.issue(spec, "phase", f"spec.phase must be input or output, got {phase!r}")
+        phase = "input"
+    compiler = _ExpressionCompiler(check, backend, phase)
     conditions = compiler.named_list(spec, "matchConditions", _NAMED_KEYS)
     variables = compiler.named_list(spec, "variables", _NAMED_KEYS)
     rules = compiler.rules(spec)
@@ -431,6 +445,7 @@ def _compile_document(
         name=name,
         file=file,
         mode=str(mode),
+        phase=str(phase),
         failure_policy=str(failure_policy),
         match_conditions=conditions,
         variables=variables,
@@ -442,9 +457,11 @@ def _compile_document(
 class _ExpressionCompiler:
     """Compiles and type-checks the expressions of one policy against the activation schema."""
 
-    def __init__(self, check: _Checker, backend: Backend) -> None:
+    def __init__(self, check: _Checker, backend: Backend, phase: str = "input") -> None:
         self.check = check
         self.backend = backend
+        # only output-phase policies see `summary` (an input-phase rule over it is a load error)
+        self.types = schema.OUTPUT_CEL_TYPES if phase == "output" else schema.CEL_TYPES
         self.variables: dict[str, celcheck.Checked] = {}  # the policy's variables checked so far
 
     def entries(self, spec: Mapping[str, Any], key: str) -> list[Any]:
@@ -557,7 +574,7 @@ class _ExpressionCompiler:
             self._at(entry, key, source, exc.line, exc.column, f"{where}: {exc}", rule, "cel")
             return None
         try:
-            checked = celcheck.check(tree, source, schema.CEL_TYPES, variables)
+            checked = celcheck.check(tree, source, self.types, variables)
         except celcheck.CheckError as exc:
             self._at(entry, key, source, exc.line, exc.column, f"{where}: {exc}", rule, "type")
             return None

@@ -105,6 +105,7 @@ class Policy:
     variables: tuple[Expression, ...]
     rules: tuple[Rule, ...]
     description: str = ""
+    phase: str = "input"  # "output": decides on the summarizer's output (docs/grounding.md)
 
 
 @dataclass(frozen=True)
@@ -116,8 +117,19 @@ class PolicySet:
     backend: Backend
     files: tuple[str, ...] = ()
 
-    def decide(self, activation: Mapping[str, Any], *, explain: bool = False) -> Decision:
-        """Decide one call. Deny overrides allow; an enforce denial beats an audit/warn one."""
+    @property
+    def checks_output(self) -> bool:
+        """Whether any policy decides on the summarizer's output (`spec.phase: output`)."""
+        return any(p.phase == "output" for p in self.policies)
+
+    def decide(
+        self, activation: Mapping[str, Any], *, explain: bool = False, phase: str = "input"
+    ) -> Decision:
+        """Decide one call. Deny overrides allow; an enforce denial beats an audit/warn one.
+
+        `phase`: the policies of which phase decide (`output` ones need `summary` in the
+        activation).
+        """
         unreadable = unrepresentable(activation)
         context = None
         if unreadable is None:
@@ -130,6 +142,8 @@ class PolicySet:
         errors: list[Violation] = []
         explanation: list[dict[str, Any]] = []
         for policy in self.policies:
+            if policy.phase != phase:
+                continue
             if unreadable is not None:
                 report = _unreadable(policy, unreadable, violations, errors)
             else:
