@@ -494,6 +494,14 @@ class TestUndecidable:
         )
         undecided(result, f"is not a regular file ({kind})")
 
+    def test_fifo_in_the_policy_folder_is_blocked(self, hook: Hook, tmp_path: Path) -> None:
+        """A FIFO among the policies never hangs the session: blocked, naming the file."""
+        fifo = tmp_path / "policies" / "p.yaml"
+        fifo.parent.mkdir()
+        os.mkfifo(fifo)
+        options = ("--policies", str(fifo.parent), "--time-budget", "5")
+        undecided(hook(hook_input("fresh"), *options), str(fifo))
+
     def test_bad_policy_file_is_blocked(self, hook: Hook, tmp_path: Path) -> None:
         policy = tmp_path / "p.yaml"
         policy.write_text("apiVersion: [")
