@@ -164,6 +164,8 @@ class _Reader:
                 self.choice(choice, f"{path}.choices[{i}]", depth + 1)
         elif get("object") == "response" and isinstance(get("output"), list | tuple):
             self.part(get("output"), f"{path}.output", depth + 1)  # an OpenAI Responses response
+        elif isinstance(get("page_content"), str):  # a LangChain Document
+            self.pieces.append(get("page_content"))
         elif isinstance(kind, str):
             raise TypeError(f"{path}: unsupported block type {kind!r} ({_HINT})")
         else:

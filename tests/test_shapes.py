@@ -13,6 +13,7 @@ from typing import Any
 
 import anthropic.types as anth
 import pytest
+from langchain_core.documents import Document
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from openai.types.chat import ChatCompletion, ChatCompletionMessage
 
@@ -36,10 +37,10 @@ def guard() -> Guard:
     return guard
 
 
-def returning(value: Any) -> Callable[[str], Any]:
+def returning(value: Any) -> Callable[[Any], Any]:
     """A summarize function that returns `value` (typed, so guarding it stays typed)."""
 
-    def summarize(text: str) -> Any:
+    def summarize(text: Any) -> Any:
         return value
 
     return summarize
@@ -97,6 +98,7 @@ SHAPES: dict[str, Callable[[str], Any]] = {
     "langchain ai blocks": lambda s: [AIMessage([{"type": "text", "text": s}])],
     "langchain tool message": lambda s: [ToolMessage(s, tool_call_id="c1")],
     "langchain system": lambda s: [SystemMessage(f"Summary so far: {s}")],
+    "langchain documents": lambda s: [Document("a page"), Document(s, metadata={"p": 2})],
     "langchain tool call args": lambda s: [
         AIMessage("", tool_calls=[{"name": "note", "args": {"text": s}, "id": "c1"}])
     ],
