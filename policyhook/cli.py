@@ -210,6 +210,33 @@ def _init(args: argparse.Namespace, out: TextIO) -> int:
 # -- demo, claude-precompact --------------------------------------------------------------------
 
 
+def _retrieve(args: argparse.Namespace, out: TextIO) -> int:
+    """Print the texts a remedy archived under REF, exactly, one after another."""
+    from policyhook.hook import Guard
+    from policyhook.stores import open_store
+
+    location = str(args.store)
+    if "://" not in location and ":" not in location.split("/")[0]:
+        path = Path(location).expanduser()
+        if not path.is_file():
+            raise UsageError(f"no store at {path}")
+        location = f"sqlite:///{path.resolve()}"
+    store = open_store(location)
+    try:
+        texts = Guard(store=store).retrieve(args.ref)
+    except (KeyError, ValueError) as error:
+        raise UsageError(str(error).strip('"')) from None
+    finally:
+        close = getattr(store, "close", None)
+        if close is not None:
+            close()
+    if args.format == "json":
+        _dump({"ref": args.ref, "texts": texts}, out)
+    else:
+        out.write("\n\n".join(texts) + "\n")
+    return Exit.OK
+
+
 def _demo(args: argparse.Namespace, out: TextIO) -> int:
     """Run the seed scenario; export OTLP when asked, or when the environment names an endpoint.
 
@@ -314,6 +341,17 @@ def parser() -> argparse.ArgumentParser:
     )
     init.add_argument("dir", help="the folder (created if missing; existing files are kept)")
     init.add_argument("--set", choices=POLICY_SETS, default="default", help="default: default")
+
+    retrieve = command(
+        "retrieve", "print, exactly, what a remedy archived under REF (offload:...)", _retrieve
+    )
+    retrieve.add_argument("ref", help="the reference a remedy pointer names")
+    retrieve.add_argument(
+        "--store",
+        default=os.environ.get(STORE_ENV, "~/.claude/policyhook/store.sqlite"),
+        help="the store: a SQLite file path, or a URL as for demo --store (default: "
+        f"${STORE_ENV}, else the Claude Code hook's store)",
+    )
 
     demo = command(
         "demo",

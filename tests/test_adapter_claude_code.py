@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,7 +30,9 @@ def source(uuid: str) -> str:
     return f"claude:{SESSION}:{uuid}"
 
 
-def hook_input(transcript: str | Path, trigger: str = "auto") -> dict[str, Any]:
+def hook_input(transcript: str | Path, trigger: str = "manual") -> dict[str, Any]:
+    """A PreCompact input; manual by default (a refused manual compaction is blocked; a refused
+    automatic one is let through with its facts pinned, tested in TestAutomaticRefusals)."""
     path = transcript if isinstance(transcript, Path) else FIXTURES / f"{transcript}.jsonl"
     return {
         "session_id": SESSION,
@@ -47,13 +50,14 @@ class Hook:
     def __init__(self, tmp_path: Path) -> None:
         self.store = tmp_path / "store.sqlite"
         self.log = tmp_path / "decisions.jsonl"
+        self.state = tmp_path / "state"
 
     def __call__(
         self, stdin: dict[str, Any] | str, *options: str
     ) -> subprocess.CompletedProcess[str]:
         text = stdin if isinstance(stdin, str) else json.dumps(stdin)
         command = [str(POLICYHOOK), "claude-precompact", "--store", str(self.store)]
-        command += ["--decision-log", str(self.log), *options]
+        command += ["--decision-log", str(self.log), "--state-dir", str(self.state), *options]
         return subprocess.run(command, input=text, capture_output=True, text=True, timeout=60)
 
     def last(self) -> dict[str, Any]:
@@ -144,9 +148,17 @@ class TestDecisions:
         assert region["depth"] == 2 and len(region["live_sources"]) == 12
 
     def test_policy_sees_the_trigger(self, hook: Hook) -> None:
-        """--policies: a depth limit for automatic compaction blocks auto, lets manual through."""
+        """--policies: a depth limit for automatic compaction refuses auto (blocked with
+        --on-auto-refusal block), lets manual through."""
         policy = str(FIXTURES / "depth-limit.yaml")
-        answer = blocked(hook(hook_input("compacted_twice", "auto"), "--policies", policy))
+        refused = hook(
+            hook_input("compacted_twice", "auto"),
+            "--policies",
+            policy,
+            "--on-auto-refusal",
+            "block",
+        )
+        answer = blocked(refused)
         assert "summary of a summary" in answer["reason"]
         allowed(hook(hook_input("compacted_twice", "manual"), "--policies", policy))
         assert hook.last()["activation"]["request"]["trigger"] == "manual"
@@ -570,7 +582,7 @@ REAL_SESSION = "4d5611e5-241a-462a-8d15-5122611a9569"
 class TestRealTranscripts:
     """Transcripts Claude Code wrote, from public repositories (real/README.md says whence)."""
 
-    def hook_input(self, name: str, trigger: str = "auto") -> dict[str, Any]:
+    def hook_input(self, name: str, trigger: str = "manual") -> dict[str, Any]:
         return {**hook_input(REAL / name, trigger), "session_id": REAL_SESSION}
 
     def test_read_as_claude_code_wrote_it(self) -> None:
@@ -621,3 +633,71 @@ def test_decision_log_folder_is_created(tmp_path: Path) -> None:
     )
     allowed(result)
     assert json.loads(log.read_text().splitlines()[-1])["decision"] == "allow"
+
+
+def session_start(hook: Hook, session: str = SESSION) -> dict[str, Any] | None:
+    """What the SessionStart(compact) hook hands to the new window, through the real command."""
+    stdin = json.dumps(
+        {"session_id": session, "hook_event_name": "SessionStart", "source": "compact"}
+    )
+    command = [str(POLICYHOOK), "claude-postcompact", "--state-dir", str(hook.state)]
+    result = subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    if not result.stdout:
+        return None
+    output: dict[str, Any] = json.loads(result.stdout)["hookSpecificOutput"]
+    return output
+
+
+class TestAutomaticRefusals:
+    """A refused automatic compaction at a full context must not strand the session: it goes
+    ahead with its history archived, and the next window gets the pointer and the exact facts."""
+
+    def test_goes_ahead_archived_and_pinned_for_the_next_window(self, hook: Hook) -> None:
+        """Auto + dead source: no block; a systemMessage; SessionStart hands on ref and facts."""
+        allowed(hook(hook_input("compacted")))
+        with SQLiteStore(hook.store) as store:
+            assert store.evict(source("u2-0000"))  # the config read behind the summary
+        result = hook(hook_input("resumed", "auto"))
+        assert result.returncode == 0, result.stderr
+        answer = json.loads(result.stdout)
+        assert set(answer) == {"systemMessage"} and "goes ahead" in answer["systemMessage"]
+        assert hook.last()["decision"] == "deny"  # the refusal is what the logs say
+        context = session_start(hook)
+        assert context is not None and context["hookEventName"] == "SessionStart"
+        text = context["additionalContext"]
+        (ref,) = re.findall(r"offload:[0-9a-f]+", text.split("policyhook retrieve ")[1])[:1]
+        assert f"policyhook retrieve {ref} --store {hook.store}" in text
+        assert "/home/dev/app/config/agent.yaml" in text  # a live source's path, pinned verbatim
+        assert session_start(hook) is None  # handed on once
+
+    def test_retrieve_gives_the_archived_history_back_exactly(self, hook: Hook) -> None:
+        """`policyhook retrieve REF --store` prints what the remedy archived; errors exit 2."""
+        result = hook(hook_input("resumed", "auto"))
+        (ref,) = re.findall(
+            r"archived as (offload:[0-9a-f]+)", json.loads(result.stdout)["systemMessage"]
+        )
+        command = [str(POLICYHOOK), "retrieve", ref, "--store", str(hook.store), "--format", "json"]
+        out = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+        texts = json.loads(out.stdout)["texts"]
+        assert texts[0].startswith("This session is being continued")  # the refused summary
+        with SQLiteStore(hook.store) as store:
+            assert Guard(store=store).retrieve(ref) == texts
+        missing = subprocess.run(
+            [str(POLICYHOOK), "retrieve", "offload:0", "--store", str(hook.store)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert missing.returncode == 2 and "no offloaded region 'offload:0'" in missing.stderr
+
+    def test_manual_refusal_is_blocked_with_what_to_do(self, hook: Hook) -> None:
+        """A refused manual compaction is blocked, and the reason says how to go on."""
+        answer = blocked(hook(hook_input("resumed", "manual")))
+        assert "To go on:" in answer["reason"] and "/clear" in answer["reason"]
+        assert session_start(hook) is None  # nothing pinned: nothing compacted
+
+    def test_block_mode_keeps_the_old_answer(self, hook: Hook) -> None:
+        """--on-auto-refusal block: a refused automatic compaction is blocked, nothing pinned."""
+        blocked(hook(hook_input("resumed", "auto"), "--on-auto-refusal", "block"))
+        assert session_start(hook) is None

@@ -56,10 +56,12 @@ from typing import Any, BinaryIO, TextIO
 
 from policyhook._exit import HookExit
 from policyhook.adapters import untraced_summary
+from policyhook.errors import UnsafeRecompactionError
 from policyhook.hook import Guard, request
 from policyhook.loader import load
 from policyhook.policy import Decision
 from policyhook.provenance import Region, Source, content_of
+from policyhook.remedies import Remedied
 from policyhook.stores import SQLiteStore
 
 __all__ = [
@@ -69,6 +71,7 @@ __all__ = [
     "Segment",
     "Transcript",
     "answer",
+    "archive_and_pin",
     "check_writable_path",
     "decide",
     "main",
@@ -668,7 +671,7 @@ def decide(
 
 def _decide(
     hook_input: Mapping[str, Any], guard: Guard, context_window: int, limits: Limits | None
-) -> tuple[Decision, Transcript]:
+) -> tuple[Decision, Transcript, list[Region]]:
     trigger, session, path = _hook_input(hook_input)
     transcript = read_transcript(path, session=session, limits=limits)
     tokens = min(transcript.tokens, 2**62)
@@ -681,7 +684,7 @@ def _decide(
         window_budget=context_window,
     ):
         parts = _regions(guard, transcript, session)
-        return guard.check(parts, summarizer=SUMMARIZER), transcript
+        return guard.check(parts, summarizer=SUMMARIZER), transcript, parts
 
 
 def _reason(decision: Decision, transcript: Transcript | None = None) -> str:
@@ -698,16 +701,78 @@ def _reason(decision: Decision, transcript: Transcript | None = None) -> str:
     return reason
 
 
-def answer(decision: Decision, out: TextIO, transcript: Transcript | None = None) -> None:
-    """Write Claude Code's hook answer for `decision` (nothing for a plain allow)."""
-    if decision.effect == "deny":
-        json.dump({"decision": "block", "reason": _reason(decision, transcript)}, out)
+def answer(
+    decision: Decision,
+    out: TextIO,
+    transcript: Transcript | None = None,
+    pinned: Remedied | None = None,
+    advice: bool = False,
+) -> None:
+    """Write Claude Code's hook answer for `decision` (nothing for a plain allow).
+
+    A refusal with `pinned` (an automatic compaction let through after its history was archived
+    and its exact facts pinned for the next window) is not blocked: a blocked automatic
+    compaction at a full context leaves the user nothing but /clear. `advice` adds what to do to
+    a blocked manual compaction's reason.
+    """
+    if decision.effect == "deny" and pinned is not None:
+        message = (
+            f"policyhook refused this compaction ({decision.message or 'refused by policy'}; "
+            f"policy {decision.policy!r}, rule {decision.rule!r}, decision "
+            f"{decision.decision_id}). It goes ahead so the session can continue: the history is "
+            f"archived as {pinned.ref} "
+            f"({pinned.archived_items} messages) and {len(pinned.pinned)} exact facts are "
+            "handed to the new window (SessionStart)."
+        )
+        json.dump({"systemMessage": _clean(message)}, out)
+    elif decision.effect == "deny":
+        reason = _reason(decision, transcript)
+        if advice:
+            reason += (
+                ". To go on: keep working (an automatic compaction is let through with the exact "
+                "facts re-injected after it), re-read the sources you need and /compact again, "
+                "or start afresh with /clear"
+            )
+        json.dump({"decision": "block", "reason": reason}, out)
     elif decision.effect == "would_deny":
         message = f"({decision.mode}) would block: {_reason(decision, transcript)}"
         json.dump({"systemMessage": message}, out)
     else:
         return
     out.write("\n")
+
+
+def archive_and_pin(
+    guard: Guard,
+    decision: Decision,
+    parts: list[Region],
+    session: str,
+    state_dir: Path,
+    store: Path,
+) -> Remedied | None:
+    """Archive a refused compaction's history and pin its live facts for the next window.
+
+    None when the store cannot archive it (the refusal then stands: blocked).
+    """
+    try:
+        remedied = guard.remedy(
+            UnsafeRecompactionError(decision), parts, summarizer=SUMMARIZER, window=session
+        )
+    except UnsafeRecompactionError:
+        return None
+    from policyhook.adapters._claude_state import SessionState
+
+    state = SessionState(state_dir, session)
+    data = state.load()
+    data["pins"] = {
+        "ref": remedied.ref,
+        "store": str(store),
+        "decision_id": decision.decision_id,
+        "message": decision.message,
+        "pinned": [str(fact) for fact in remedied.pinned],
+    }
+    state.save(data)
+    return remedied
 
 
 def undecided(error: str, out: TextIO) -> None:
@@ -770,6 +835,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--decision-log", type=Path, help="append one JSON line per decision to this file"
+    )
+    parser.add_argument(
+        "--on-auto-refusal",
+        choices=("pin", "block"),
+        default=_env_default("POLICYHOOK_CLAUDE_ON_AUTO_REFUSAL", "pin"),
+        help="a refused automatic compaction: pin (default: archive the history, let it go "
+        "ahead, hand the exact facts to the next window through SessionStart) or block",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(_env_default("POLICYHOOK_GROUNDING_DIR", "~/.claude/policyhook/grounding")),
+        help="per-session state shared with claude-postcompact (pins for the next SessionStart)",
     )
     parser.add_argument(
         "--context-window",
@@ -851,12 +929,23 @@ def _run(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> None:
     with SQLiteStore(store_path) as store:
         guard = Guard(policies, store=store, decision_log=log)
         try:
-            decision, transcript = _decide(hook_input, guard, args.context_window, limits)
+            decision, transcript, parts = _decide(hook_input, guard, args.context_window, limits)
+            trigger, session, _ = _hook_input(hook_input)
+            pinned = None
+            if (
+                decision.effect == "deny"
+                and trigger == "automatic"
+                and args.on_auto_refusal == "pin"
+            ):
+                pinned = archive_and_pin(
+                    guard, decision, parts, session, args.state_dir, store_path
+                )
         finally:
             guard.close()
             if telemetry is not None:
                 telemetry.shutdown()
-    answer(decision, stdout, transcript)
+    advice = trigger == "manual" and args.on_auto_refusal == "pin"
+    answer(decision, stdout, transcript, pinned, advice)
 
 
 def main(argv: Sequence[str], stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:

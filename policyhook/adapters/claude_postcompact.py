@@ -26,18 +26,17 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from policyhook._exit import HookExit
-from policyhook.adapters.claude_code import HookError, check_writable_path, read_transcript
+from policyhook.adapters._claude_state import DEFAULT_STATE_DIR, SessionState
+from policyhook.adapters.claude_code import HookError, read_transcript
 from policyhook.grounding import Fact, FactIndex, Grounding, check
 
 __all__ = ["DEFAULT_STATE_DIR", "main", "postcompact", "session_start"]
 
-DEFAULT_STATE_DIR = Path("~/.claude/policyhook/grounding")
 MAX_STDIN_BYTES = 4 * 1024 * 1024
 #: At most this many facts of each list go into the new window's context.
 MAX_LISTED = 20
@@ -69,38 +68,6 @@ def _fact(record: Mapping[str, Any]) -> tuple[Fact, frozenset[str]]:
     return fact, frozenset(str(s) for s in record.get("sources", ()))
 
 
-class _State:
-    """The session's file: provenance of every checked summary, and findings not yet handed on."""
-
-    def __init__(self, directory: Path, session: str) -> None:
-        name = hashlib.sha256(session.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-        self.path = directory.expanduser() / f"{name}.json"
-
-    def load(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return {"summaries": {}, "pending": None}
-        except (OSError, ValueError) as exc:
-            raise HookError(f"cannot read grounding state {self.path}: {exc}") from None
-        if not isinstance(data, dict) or not isinstance(data.get("summaries"), dict):
-            raise HookError(f"grounding state {self.path} is not a policyhook state file")
-        return data
-
-    def save(self, data: Mapping[str, Any]) -> None:
-        """Written to a temporary file and renamed: a crash never leaves half a state file."""
-        check_writable_path(self.path, "grounding state")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                json.dump(data, out)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-
-
 def _history(transcript_path: Path, session: str, summary: str) -> list[tuple[str, str]]:
     """(source id, text) of every original before the compaction that wrote `summary`."""
     segments = read_transcript(transcript_path, session=session).segments
@@ -123,7 +90,7 @@ def postcompact(hook_input: Mapping[str, Any], state_dir: Path) -> Grounding:
     if not isinstance(summary, str):
         raise HookError(f"hook input field 'compact_summary' must be a string: {summary!r}")
     assert isinstance(session, str) and isinstance(path, str)
-    state = _State(state_dir, session)
+    state = SessionState(state_dir, session)
     data = state.load()
     try:
         history = _history(Path(path).expanduser(), session, summary)
@@ -185,18 +152,42 @@ def _context(pending: Mapping[str, Any]) -> str:
 
 
 def session_start(hook_input: Mapping[str, Any], state_dir: Path) -> str | None:
-    """The `additionalContext` for a `SessionStart` after a compaction, once; else None."""
+    """The `additionalContext` for a `SessionStart` after a compaction, once; else None.
+
+    It holds what PreCompact pinned when it let a refused automatic compaction go ahead (the
+    archive's ref and the exact facts of the live sources), then PostCompact's findings.
+    """
     session = hook_input.get("session_id")
     if hook_input.get("source") != "compact" or not isinstance(session, str) or not session:
         return None
-    state = _State(state_dir, session)
+    state = SessionState(state_dir, session)
     data = state.load()
-    pending = data.get("pending")
-    if not isinstance(pending, Mapping):
+    pending, pins = data.get("pending"), data.get("pins")
+    parts = [
+        *([pins_context(pins)] if isinstance(pins, Mapping) else []),
+        *([_context(pending)] if isinstance(pending, Mapping) else []),
+    ]
+    if not parts:
         return None
-    data["pending"] = None
+    data["pending"] = data["pins"] = None
     state.save(data)
-    return _context(pending)
+    return "\n\n".join(parts)
+
+
+def pins_context(pins: Mapping[str, Any]) -> str:
+    """What the new window is told when a refused compaction went ahead with pinned facts."""
+    lines = [
+        f"policyhook: the compaction that made this summary was refused by policy "
+        f"({pins.get('message', '')}) and allowed only so the session could go on. Claims the "
+        "summary makes about the history may rest on sources no store holds any more.",
+        f"The history before it is archived exactly as {pins['ref']}; read it back with "
+        f"`policyhook retrieve {pins['ref']} --store {pins['store']}`.",
+    ]
+    facts = pins.get("pinned") or []
+    if facts:
+        lines.append("Exact facts of its live sources (verbatim, with source ids):")
+        lines.extend(f"- {fact}" for fact in facts)
+    return "\n".join(lines)
 
 
 def _message(result: Grounding) -> str | None:
