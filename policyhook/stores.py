@@ -346,9 +346,9 @@ class SQLiteStore:
         self._expiry_version = -1
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA busy_timeout=5000")
+            _wal(self._db)
+            self._db.execute("PRAGMA synchronous=NORMAL")
             # Liveness of 1,000 ids on 10^6 rows touches 1,000 pages: read them by mmap, cached.
             self._db.execute("PRAGMA mmap_size=1073741824")
             self._db.execute("PRAGMA cache_size=-65536")
@@ -660,6 +660,24 @@ class SQLiteStore:
         held = [(_entry(r[:-1]), str(r[-1])) for r in reversed(rows)]
         closures = self.rests_on([e.id for e, _ in held])
         return [(_region(e, closures[e.id]), t) for e, t in held]
+
+
+def _wal(db: sqlite3.Connection, timeout: float = 5.0) -> None:
+    """Switch to WAL, waiting out other processes opening the same file at the same moment.
+
+    Changing the journal mode reports "database is locked" at once, without the busy handler,
+    while another connection is switching or creating the file: a fleet of workers starting
+    together would crash on it.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def open_store(url: str, **options: Any) -> Store:
