@@ -97,14 +97,66 @@ def text(value: Any, *, where: str = "input") -> str:
     return "\n".join(read(value, where=where))
 
 
-def _getter(value: Any) -> Callable[[str], Any]:
+def check_id(name: str, value: str) -> None:
+    """Ids (windows, sources, kinds) are keys shared by stores, logs and policies, and must be
+    exact: one holding a lone surrogate (a cut character) is refused where it enters, so no part
+    sees it. Texts may hold them (every part passes them through)."""
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f'"{name}" must not hold a lone surrogate: {value!r}') from None
+
+
+_ABSENT: Any = object()
+
+
+def _lookup(value: Any) -> Callable[[str], Any]:
+    """A field reader for a dict or an object, giving `_ABSENT` for a field it does not have.
+
+    Pydantic models (LangChain messages, the SDKs' types) are read from their fields directly:
+    asking one for an attribute it lacks goes through a slow `__getattr__` that raises.
+    """
     if isinstance(value, Mapping):
-        return value.get
-    return lambda name: getattr(value, name, None)
+        return lambda name: value.get(name, _ABSENT)
+    cls = type(value)
+    if isinstance(getattr(cls, "__pydantic_fields__", None), dict):
+        fields = value.__dict__
+        extra = getattr(value, "__pydantic_extra__", None) or {}
+
+        def get(name: str) -> Any:
+            if name in fields:
+                return fields[name]
+            if name in extra:
+                return extra[name]
+            return getattr(value, name, _ABSENT) if name in _class_names(cls) else _ABSENT
+
+        return get
+    return lambda name: getattr(value, name, _ABSENT)
 
 
-def _has(value: Any, name: str) -> bool:
-    return name in value if isinstance(value, Mapping) else hasattr(value, name)
+_CLASS_NAMES: dict[type, frozenset[str]] = {}
+
+
+def _class_names(cls: type) -> frozenset[str]:
+    """Attributes a class provides (properties, methods): asking pydantic's metaclass is slow."""
+    names = _CLASS_NAMES.get(cls)
+    if names is None:
+        names = _CLASS_NAMES[cls] = frozenset(dir(cls))
+    return names
+
+
+def _getter(value: Any) -> Callable[[str], Any]:
+    """A field reader giving None for a field the value does not have."""
+    return _or_none(_lookup(value))
+
+
+def _or_none(look: Callable[[str], Any]) -> Callable[[str], Any]:
+    def get(name: str) -> Any:
+        found = look(name)
+        return None if found is _ABSENT else found
+
+    return get
 
 
 def _shape(value: Any) -> str:
@@ -125,7 +177,11 @@ class _Reader:
         if isinstance(value, list | tuple):
             _nesting(path, depth)
             for i, item in enumerate(value):
-                self.top(item, f"{path}[{i}]", depth + 1)
+                if isinstance(item, str):  # the common case, kept cheap
+                    if item.strip():
+                        self.units.append(item)
+                else:
+                    self.top(item, f"{path}[{i}]", depth + 1)
             return
         self.part(value, path, depth)
         self.flush()
@@ -153,11 +209,12 @@ class _Reader:
             return
         if value is None or isinstance(value, bytes | bytearray | int | float | set | frozenset):
             raise _unreadable(value, path)
-        get = _getter(value)
+        look = _lookup(value)
+        get = _or_none(look)
         kind = get("type")
         if isinstance(kind, str) and self.block(kind, get, path, depth):
             return
-        if _has(value, "content") or _has(value, "role"):
+        if look("content") is not _ABSENT or look("role") is not _ABSENT:
             self.message(get, path, depth)
         elif isinstance(get("choices"), list | tuple):  # an OpenAI chat completion
             for i, choice in enumerate(get("choices")):
@@ -213,7 +270,10 @@ class _Reader:
             custom = _getter(get("custom"))
             self.call(custom("name"), custom("input"), f"{path}.custom.input")
         else:
-            field = next((f for f in ("args", "input", "arguments") if _has(call, f)), "args")
+            look = _lookup(call)
+            field = next(
+                (f for f in ("args", "input", "arguments") if look(f) is not _ABSENT), "args"
+            )
             self.call(get("name"), get(field), f"{path}.{field}")
 
     def block(self, kind: str, get: Callable[[str], Any], path: str, depth: int) -> bool:

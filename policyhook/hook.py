@@ -75,6 +75,7 @@ class Request:
                 raise ValueError(f'"{name}" must be an int within {low}..2**63-1: {value!r}')
         if not isinstance(self.window, str) or not self.window:
             raise ValueError(f'"window" must be a non-empty str: {self.window!r}')
+        _shapes.check_id("window", self.window)
 
 
 _current_request: ContextVar[Request | None] = ContextVar("policyhook_request", default=None)

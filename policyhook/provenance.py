@@ -287,6 +287,8 @@ class Ledger:
             raise TypeError(f'"text" must be a str: {type(text).__name__}')
         if not kind:
             raise ValueError('"kind" must be a non-empty string, e.g. "config_read"')
+        for name, value in (("kind", kind), ("source_id", source_id or ""), ("window", window)):
+            _shapes.check_id(name, value)
         source = Source(id=source_id or self.text_id(kind, text), kind=kind)
         data = encode(text)
         carried = self._carried(text, data, source, window)
@@ -294,13 +296,19 @@ class Ledger:
         with self._lock:
             self._learn(Entry.of_source(self._key, source, text), data)
         if carried is not None:  # after put_source, which records the text as plain evidence
-            stored = self.store.put_summary(carried, text)
-            entry = stored if stored is not None else carried
+            entry = self._put_summary(carried, text)
             with self._lock:
                 self._learn(entry, data)
                 if window in self._windows:
                     self._windows[window] = max(self._windows[window], entry.depth)
         return source
+
+    def _put_summary(self, entry: Entry, text: str) -> Entry:
+        """Store a summary's entry; the record as stored (merged with an earlier one)."""
+        stored = self.store.put_summary(entry, text)
+        if stored is None:  # a store that does not return the merged record: read it back
+            stored = self.store.lookup([entry.digest]).get(entry.digest)
+        return stored if stored is not None else entry
 
     def _carried(self, text: str, data: bytes, source: Source, window: str) -> Entry | None:
         """The entry `text` must keep once registered under `source`, if it bears summaries."""
@@ -335,6 +343,7 @@ class Ledger:
 
     def record_summary(self, text: str, summarized: Region, window: str) -> Region:
         """Remember a granted summary's output, so it is recognised when it comes back."""
+        _shapes.check_id("window", window)
         data = encode(text)
         key = digest(self._key, data)
         region = Region(
@@ -359,10 +368,7 @@ class Ledger:
             window=window,
         )
         try:
-            stored = self.store.put_summary(entry, text)
-            if stored is None:  # a store that does not return the merged record: read it back
-                stored = self.store.lookup([key]).get(key)
-            entry = stored if stored is not None else entry
+            entry = self._put_summary(entry, text)
         finally:  # learnt even when the store write fails: recognised in this process still
             with self._lock:
                 self._learn(entry, data)

@@ -293,6 +293,23 @@ _ENTRY_COLUMNS = "digest, id, depth, kind, size, anchor, parents, direct, source
 _E_COLUMNS = ", ".join(f"e.{c}" for c in _ENTRY_COLUMNS.split(", "))
 
 
+def _sql_text(text: str | None) -> str | bytes | None:
+    """A text as SQLite can bind it: one holding a lone surrogate (a cut emoji) is stored as its
+    UTF-8 bytes with the surrogates passed through, as a BLOB; texts are never compared in SQL."""
+    if text is None or text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return encode(text)
+    return text
+
+
+def _text(value: object) -> str:
+    """A text read back from SQLite (see `_sql_text`)."""
+    return value.decode("utf-8", "surrogatepass") if isinstance(value, bytes) else str(value)
+
+
 def _entry(row: Iterable[object]) -> Entry:
     d, i, depth, kind, size, anchor, parents, direct, kinds, window = row
     return Entry(
@@ -458,7 +475,7 @@ class SQLiteStore:
                 json.dumps(entry.sources),
                 json.dumps(entry.source_kinds),
                 entry.window,
-                text,
+                _sql_text(text),
             ),
         )
         self._head = max(self._head, cursor.lastrowid or 0)
@@ -469,7 +486,7 @@ class SQLiteStore:
         self._db.execute(
             "INSERT OR REPLACE INTO sources (id, kind, text, expires, state) "
             "VALUES (?, ?, ?, ?, 'live')",
-            (source.id, source.kind, text, expires),
+            (source.id, source.kind, _sql_text(text), expires),
         )
         self._put_entry(Entry.of_source(self._secret, source, text), None)
 
@@ -492,7 +509,7 @@ class SQLiteStore:
                 "AND (expires IS NULL OR expires > ?)",
                 (source_id, time.time()),
             ).fetchone()
-        return None if row is None else str(row[0])
+        return None if row is None else _text(row[0])
 
     def evict(self, source_id: str) -> bool:
         with self._lock:
@@ -639,7 +656,9 @@ class SQLiteStore:
             if not rows:
                 return cursor, []
             self._head = max(self._head, rows[-1][0])
-        return rows[-1][0], [(_entry(r[1:-1]), r[-1]) for r in rows]
+        return rows[-1][0], [
+            (_entry(r[1:-1]), None if r[-1] is None else _text(r[-1])) for r in rows
+        ]
 
     def sources(self, limit: int) -> list[tuple[Source, str]]:
         with self._lock:
@@ -648,7 +667,7 @@ class SQLiteStore:
                 "AND (expires IS NULL OR expires > ?) ORDER BY rowid DESC LIMIT ?",
                 (time.time(), limit),
             ).fetchall()
-        return [(Source(i, k), t) for i, k, t in reversed(rows)]
+        return [(Source(i, k), _text(t)) for i, k, t in reversed(rows)]
 
     def summaries(self, window: str, limit: int) -> list[tuple[Region, str]]:
         with self._lock:
@@ -657,7 +676,7 @@ class SQLiteStore:
                 "ORDER BY seq DESC LIMIT ?",
                 (window, limit),
             ).fetchall()
-        held = [(_entry(r[:-1]), str(r[-1])) for r in reversed(rows)]
+        held = [(_entry(r[:-1]), _text(r[-1])) for r in reversed(rows)]
         closures = self.rests_on([e.id for e, _ in held])
         return [(_region(e, closures[e.id]), t) for e, t in held]
 

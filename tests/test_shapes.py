@@ -491,3 +491,66 @@ class TestRegisteredTextKeepsProvenance:
         with SQLiteStore(path) as store:
             effect, region = decide(Guard(store=store), s2)
         assert (effect, region["depth"], region["dead_sources"]) == ("deny", 2, ["cfg"])
+
+
+class TestLoneSurrogates:
+    """A cut emoji leaves a lone surrogate: texts holding one are handled alike by every part,
+    ids holding one are refused where they enter."""
+
+    CUT = "config read \ud83d: retry_ceiling = 7 for the billing job"
+    CUT_SUMMARY = "Summary \ud800: the retry ceiling is seven for billing"
+
+    @pytest.mark.parametrize("kind", ["memory", "sqlite"])
+    def test_texts_with_lone_surrogates_work_in_every_store(self, kind: str, tmp_path: Any) -> None:
+        """Sources and summaries holding lone surrogates are stored, given back unchanged, given
+        the same ids, recognised after a restart, and logged without a crash."""
+        from policyhook.decisionlog import read
+        from policyhook.stores import SQLiteStore
+
+        def store() -> Any:
+            return MemoryStore() if kind == "memory" else SQLiteStore(tmp_path / "s.db")
+
+        first_store = store()
+        log = tmp_path / "decisions.jsonl"
+        guard = Guard(store=first_store, decision_log=log)
+        source = guard.record_source(self.CUT, "config_read", "cfg")
+        guard(returning(self.CUT_SUMMARY), summarizer="s")(self.CUT)
+        assert first_store.get_source("cfg") == self.CUT
+        first = decide(guard, [self.CUT_SUMMARY])[1]
+        assert (first["depth"], first["sources"]) == (1, [source.id])
+        guard.close()
+        records = [record for _, record in read(log)]
+        assert [r["decision"] for r in records] == ["allow", "allow"]
+        assert records[-1]["activation"]["region"]["id"] == first["id"]
+        if kind == "sqlite":  # a new process on the same file
+            again = decide(Guard(store=store()), [self.CUT_SUMMARY])[1]
+            assert (again["id"], again["depth"], again["sources"]) == (
+                first["id"],
+                1,
+                [source.id],
+            )
+
+    @pytest.mark.parametrize(
+        ("call", "field"),
+        [
+            (lambda g: g.record_source("text", "config_read", "cfg-\udc00"), "source_id"),
+            (lambda g: g.record_source("text", "config\ud800"), "kind"),
+            (lambda g: g.record_summary("a summary", of="text", window="w\ud800"), "window"),
+        ],
+    )
+    def test_ids_with_lone_surrogates_are_refused_at_the_edge(
+        self, call: Callable[[Guard], Any], field: str
+    ) -> None:
+        """An id holding a lone surrogate is a ValueError naming it, before any store sees it."""
+        store = MemoryStore()
+        with pytest.raises(ValueError, match=f'"{field}" must not hold a lone surrogate'):
+            call(Guard(store=store))
+        assert store.sources(10) == []
+
+    def test_window_with_a_lone_surrogate_is_refused_at_the_request(self) -> None:
+        """policyhook.request(window=...) refuses it where it is called."""
+        with (
+            pytest.raises(ValueError, match='"window" must not hold a lone surrogate'),
+            policyhook.request(window="session-\ud83d"),
+        ):
+            pass
