@@ -29,6 +29,8 @@ class ReplayReport:
     transitions: Counter[str] = field(default_factory=Counter)
     examples: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+    #: Lines that are not whole records (torn by a crash or a full disk), skipped.
+    unreadable: list[decisionlog.Damaged] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -38,6 +40,8 @@ class ReplayReport:
             "transitions": dict(sorted(self.transitions.items())),
             "examples": self.examples,
             "seconds": round(self.seconds, 3),
+            "unreadable": len(self.unreadable),
+            "unreadable_lines": [str(d) for d in self.unreadable[:20]],
         }
 
 
@@ -50,13 +54,16 @@ def replay(
 ) -> ReplayReport:
     """Re-decide every record of `log` under `policies`.
 
-    ValueError names the line of a record that cannot be read or validated. `progress` is
+    A line that is not a whole record (a writer killed mid-line, a full disk) is skipped and
+    listed in `report.unreadable`; a whole record whose activation does not validate raises
+    ValueError naming its line. Lists the log shortened are replayed at their full length
+    (`decisionlog.activation_of`). `progress` is
     called with (records so far, seconds so far) every 2 seconds of a long replay.
     """
     report = ReplayReport(policies.revision)
     started = last = time.monotonic()
-    for number, entry in decisionlog.read(log):
-        activation = schema.validate(entry["activation"], where=f"{log}:{number}")
+    for number, entry in decisionlog.read(log, report.unreadable):
+        activation = schema.validate(decisionlog.activation_of(entry), where=f"{log}:{number}")
         decision = policies.decide(activation)
         old = {
             "decision": entry.get("decision"),
@@ -89,6 +96,10 @@ def report_text(report: ReplayReport, out: TextIO) -> None:
     """The summary line, the count of each transition, then the examples."""
     out.write(f"replayed {report.total} decisions under revision {report.revision} ")
     out.write(f"in {report.seconds:.1f}s: {report.changed} would change\n")
+    if report.unreadable:
+        out.write(f"  {len(report.unreadable)} lines could not be read (skipped):\n")
+        for damaged in report.unreadable[:20]:
+            out.write(f"    {damaged}\n")
     for transition, count in sorted(report.transitions.items()):
         out.write(f"  {transition:<26} {count}\n")
     for ex in report.examples:

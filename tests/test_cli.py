@@ -290,13 +290,18 @@ class TestReplay:
         result = cli("replay", str(ROOT / "policies" / "strict"), str(log), "--fail-on-change")
         assert result.returncode == 1
 
-    def test_bad_log_line_exits_2(self, log: Path) -> None:
-        """A corrupt line is reported with its number."""
+    def test_a_torn_log_line_is_skipped_and_reported(self, log: Path) -> None:
+        """A line torn by a crash is named with its number; the whole records are replayed."""
         with log.open("a") as f:
             f.write("{not json\n")
         result = cli("replay", str(ROOT / "policies"), str(log))
-        assert result.returncode == 2
-        assert f"{log}:5: not a JSON record" in result.stderr
+        assert result.returncode == 0, result.stderr
+        assert "replayed 4 decisions" in result.stdout
+        assert f"1 lines could not be read (skipped):\n    {log}:5: not a JSON" in result.stdout
+        result = cli("replay", str(ROOT / "policies"), str(log), "--format", "json")
+        report = json.loads(result.stdout)
+        assert (report["total"], report["unreadable"]) == (4, 1)
+        assert report["unreadable_lines"][0].startswith(f"{log}:5: not a JSON record")
 
 
 class TestDemoExport:
