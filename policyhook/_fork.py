@@ -17,20 +17,30 @@ from typing import Any
 
 _logger = logging.getLogger(__name__)
 
-_resets: weakref.WeakKeyDictionary[Any, Callable[[Any], None]] = weakref.WeakKeyDictionary()
+#: id(owner) -> (weak reference to it, how to renew it). Keyed by id, not by the object, so that
+#: owners need not be hashable (a store subclass may define __eq__ without __hash__).
+_resets: dict[int, tuple[weakref.ref[Any], Callable[[Any], None]]] = {}
 _lock = threading.Lock()
 
 
 def register(owner: Any, reset: Callable[[Any], None]) -> None:
     """Call `reset(owner)` in every child forked while `owner` is alive."""
+    key = id(owner)
+
+    def forget(_: weakref.ref[Any]) -> None:
+        _resets.pop(key, None)
+
     with _lock:
-        _resets[owner] = reset
+        _resets[key] = (weakref.ref(owner, forget), reset)
 
 
 def _after_fork_in_child() -> None:
     global _lock
     _lock = threading.Lock()  # the parent may have held it
-    for owner, reset in list(_resets.items()):
+    for ref, reset in list(_resets.values()):
+        owner = ref()
+        if owner is None:
+            continue
         try:
             reset(owner)
         except Exception:  # one failing object must not leave the others locked

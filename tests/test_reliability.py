@@ -356,6 +356,23 @@ class TestFork:
         assert [r["outcome"] for r in records] == ["summarized"] * 3
         assert SQLiteStore(tmp_path / "s.db").live(["nothing"]) == frozenset()
 
+    def test_an_unhashable_store_subclass_is_still_renewed_after_fork(self) -> None:
+        """A store subclass defining __eq__ (so unhashable) can be used and forked with."""
+
+        class Compared(MemoryStore):
+            def __eq__(self, other: object) -> bool:
+                return isinstance(other, Compared)
+
+        guard = Guard(store=Compared())
+        pid = os.fork()
+        if pid == 0:  # the child: one guarded call, then out without running pytest's exit
+            try:
+                ok = guard.check("an original turn", summarizer="s").effect == "allow"
+            finally:
+                os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+
 
 # -- helpers ------------------------------------------------------------------------------------
 
