@@ -17,21 +17,25 @@ import ahocorasick_rs
 
 #: Texts shorter than this many bytes are never searched for inside larger strings.
 MIN_BYTES = 16
-#: Bytes in an anchor (short anchors build fast; uniqueness is ensured by choosing where).
-ANCHOR = MIN_BYTES
+#: Bytes in an anchor; shorter texts are anchored whole.
+ANCHOR = 32
+#: Bytes at the end of each text compared before a candidate is confirmed by digest: a cheap
+#: filter for anchors that recur in unrelated input.
+_TAIL = 16
 #: New texts searched one by one until there are this many; then they become an automaton.
 _BATCH = 32
 #: Automata of one tier that merge into one of the next.
 _FANOUT = 4
 #: Offsets tried for a unique anchor before sharing one.
 _TRIES = 16
-#: Inputs at least this long fold the batch into an automaton first, and are searched with DFAs
-#: (built once per level, on demand) ...
+#: Inputs at least this long fold the batch into an automaton first (one pass per automaton
+#: beats one `find` per batched text) and are searched with DFAs, built once per level on demand
+#: (twice as fast to search, ten times dearer to build) ...
 _LARGE_INPUT = 64 * 1024
 #: ... for levels of at most this many anchors (a DFA takes ~14 KB per anchor).
 _DFA_MAX_ANCHORS = 2048
 
-Candidate = tuple[int, int, str]  # (offset of the anchor in its text, text size, digest)
+Candidate = tuple[int, int, str, bytes]  # (anchor offset in its text, text size, digest, tail)
 
 
 class _Level:
@@ -58,7 +62,7 @@ class _Level:
     def searcher(self, large: bool) -> ahocorasick_rs.BytesAhoCorasick:
         if not large or len(self.anchors) > _DFA_MAX_ANCHORS:
             return self.automaton
-        if self._dfa is None:  # twice as fast, ten times dearer to build: only for big inputs
+        if self._dfa is None:
             self._dfa = ahocorasick_rs.BytesAhoCorasick(
                 self.anchors, implementation=ahocorasick_rs.Implementation.DFA
             )
@@ -89,7 +93,7 @@ class Index:
         anchor, offset = self._anchor(data)
         self._used[anchor] = self._used.get(anchor, 0) + 1
         self._digests.add(digest)
-        self._fresh.append((anchor, (offset, len(data), digest)))
+        self._fresh.append((anchor, (offset, len(data), digest, data[-_TAIL:])))
         if len(self._fresh) >= _BATCH:
             self._fold()
 
@@ -124,7 +128,7 @@ class Index:
         return data[last:], last  # the tail: unique unless the texts are all but identical
 
     def _keep(self, item: tuple[bytes, Candidate]) -> bool:
-        anchor, (_, _, digest) = item
+        anchor, (_, _, digest, _) = item
         if digest not in self._dropped:
             return True
         self._dropped.discard(digest)
@@ -141,22 +145,34 @@ class Index:
         size = len(data)
         large = size >= _LARGE_INPUT
         if large and self._fresh:
-            self._fold()  # one pass per automaton beats one `find` per batched text
+            self._fold()
         dropped = self._dropped
         for level in self._levels:
             candidates = level.candidates
             for index, at, _ in level.searcher(large).find_matches_as_indexes(
                 data, overlapping=True
             ):
-                for offset, length, digest in candidates[index]:
+                for offset, length, digest, tail in candidates[index]:
                     start = at - offset
-                    if start >= 0 and start + length <= size and digest not in dropped:
-                        found.append((start, start + length, digest))
-        for anchor, (offset, length, digest) in self._fresh:
+                    end = start + length
+                    if (
+                        start >= 0
+                        and end <= size
+                        and data.endswith(tail, start, end)
+                        and digest not in dropped
+                    ):
+                        found.append((start, end, digest))
+        for anchor, (offset, length, digest, tail) in self._fresh:
             at = data.find(anchor)
             while at != -1:
                 start = at - offset
-                if start >= 0 and start + length <= size and digest not in dropped:
-                    found.append((start, start + length, digest))
+                end = start + length
+                if (
+                    start >= 0
+                    and end <= size
+                    and data.endswith(tail, start, end)
+                    and digest not in dropped
+                ):
+                    found.append((start, end, digest))
                 at = data.find(anchor, at + 1)
         return found

@@ -389,6 +389,9 @@ class RedisStore:
         except ImportError as exc:
             raise ImportError('RedisStore needs redis-py: pip install "policyhook[redis]"') from exc
         self._redis = redis
+        errors = redis.exceptions
+        #: Server down, unreachable, loading, or a cluster without a master for the slot.
+        self._unavailable = (errors.ConnectionError, errors.TimeoutError, errors.ClusterError)
         self.namespace, self.ttl, self.timeout = namespace, ttl, timeout
         if client is None:
             assert url is not None
@@ -447,13 +450,13 @@ class RedisStore:
         """`work(*args)`; a connection or timeout failure becomes StoreUnavailableError."""
         try:
             return work(*args)
-        except (self._redis.ConnectionError, self._redis.TimeoutError) as exc:
+        except self._unavailable as exc:
             raise StoreUnavailableError(
                 f"{self._where}: {what} failed ({self.timeout:g}s timeout): "
                 f"{' '.join(str(exc).split()) or type(exc).__name__}"
             ) from exc
         except self._redis.ResponseError as exc:
-            if "LOADING" in str(exc) or "MASTERDOWN" in str(exc) or "TRYAGAIN" in str(exc):
+            if str(exc).startswith(("TRYAGAIN", "BUSY", "READONLY")):  # failover, slow script
                 raise StoreUnavailableError(f"{self._where}: {what} failed: {exc}") from exc
             raise
 

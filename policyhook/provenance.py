@@ -30,6 +30,8 @@ _logger = logging.getLogger("policyhook")
 MIN_EMBEDDED_CHARS = MIN_BYTES
 #: Kind given to content the ledger did not recognise (it rests on no registered source).
 UNREGISTERED = "window"
+#: Summaries whose full source sets are kept in memory (most recently used).
+_CLOSURES = 256
 #: Kind given to content that could not be checked because the store did not answer.
 UNVERIFIABLE = "unverifiable"
 
@@ -261,6 +263,9 @@ class Ledger:
         # What recently resolved regions are made of, for normalised summaries:
         # region id -> (summary ids it rests on, sources it rests on directly).
         self._made_of: OrderedDict[str, tuple[tuple[str, ...], frozenset[str]]] = OrderedDict()
+        # Source sets of recently recorded or resolved summaries: a rolling chain's next pass
+        # reuses its parent's instead of walking the chain.
+        self._closures: OrderedDict[str, frozenset[str]] = OrderedDict()
         _fork.register(self, Ledger._after_fork)
 
     def _after_fork(self) -> None:
@@ -367,11 +372,18 @@ class Ledger:
             source_kinds=tuple(sorted(region.source_kinds)),
             window=window,
         )
+        merged = False
         try:
-            entry = self._put_summary(entry, text)
+            stored = self._put_summary(entry, text)
+            merged = stored != entry
+            entry = stored
         finally:  # learnt even when the store write fails: recognised in this process still
             with self._lock:
                 self._learn(entry, data)
+                if merged:
+                    self._closures.pop(entry.id, None)
+                else:  # recorded as built: it rests on exactly what it summarized
+                    self._closure(entry.id, region.sources)
                 if window in self._windows:
                     self._windows[window] = max(self._windows[window], region.depth)
         return region
@@ -464,14 +476,14 @@ class Ledger:
         """The known texts inside one message and the unrecognised gaps between them."""
         cursor = 0
         for start, end, found in self._find(data):
-            self._gap(data[cursor:start], parts, unregistered)
+            self._gap(data[cursor:start], parts, unregistered, key, cursor)
             chars = len(data[start:end].decode("utf-8", "surrogatepass"))
             parts.append(self._region(found, chars, closures))
             cursor = end
         if cursor == 0:
-            self._gap(data, parts, unregistered, key, text)
+            self._gap(data, parts, unregistered, key, -1, text)  # the whole message
         else:
-            self._gap(data[cursor:], parts, unregistered)
+            self._gap(data[cursor:], parts, unregistered, key, cursor)
 
     def _find(self, data: bytes) -> list[tuple[int, int, Entry]]:
         """Known texts inside `data`: non-overlapping, leftmost first, longest on a tie."""
@@ -543,8 +555,23 @@ class Ledger:
         )
 
     def _rests_on(self, entry: Entry) -> frozenset[str]:
-        """Every source a summary rests on: walked in memory, or asked of the store if a parent
-        is not cached."""
+        """Every source a summary rests on: remembered from when it was recorded or last
+        resolved, else walked in memory, else asked of the store if a parent is not cached."""
+        known = self._closures.get(entry.id)
+        if known is not None:
+            self._closures.move_to_end(entry.id)
+            return known
+        known = self._walk(entry)
+        self._closure(entry.id, known)
+        return known
+
+    def _closure(self, summary_id: str, sources: frozenset[str]) -> None:
+        self._closures[summary_id] = sources
+        self._closures.move_to_end(summary_id)
+        while len(self._closures) > _CLOSURES:
+            self._closures.popitem(last=False)
+
+    def _walk(self, entry: Entry) -> frozenset[str]:
         sources: set[str] = set(entry.sources)
         seen = set(entry.parents)
         todo = list(entry.parents)
@@ -564,14 +591,19 @@ class Ledger:
         data: bytes,
         parts: list[Region],
         unregistered: list[tuple[str, str]],
-        key: str | None = None,
+        key: str,
+        at: int,
         text: str | None = None,
     ) -> None:
+        """Unrecognised content: original, resting on a source of its own. A whole message's id
+        is its digest; a gap's comes from the message's digest and the gap's place, so the
+        input is hashed once."""
         if text is None:
             text = data.decode("utf-8", "surrogatepass")
         if not text.strip():
             return
-        source = Source(f"{UNREGISTERED}:{(key or digest(self._key, data))[:16]}", UNREGISTERED)
+        place = key if at == -1 else digest(self._key, f"{key}:{at}:{len(data)}".encode())
+        source = Source(f"{UNREGISTERED}:{place[:16]}", UNREGISTERED)
         unregistered.append((source.id, text))
         parts.append(Region.of_source(source, len(text)))
 
@@ -591,6 +623,9 @@ class Ledger:
 
     def _remember(self, entry: Entry) -> None:
         """Cache an entry (least recently used out: then the index no longer holds everything)."""
+        earlier = self._entries.get(entry.digest)
+        if earlier is not None and earlier != entry:  # merged: it and what rests on it grew
+            self._closures.clear()
         self._entries[entry.digest] = entry
         self._entries.move_to_end(entry.digest)
         if entry.depth > 0:
@@ -615,7 +650,10 @@ class Ledger:
             cursor, items = self.store.since(self._cursor, 1024)
             self._cursor = cursor
             for entry, text in items:
-                if entry.digest in self._entries and entry.digest in self._index:
+                cached = self._entries.get(entry.digest)
+                if cached is not None and cached != entry:  # recorded again elsewhere: merged
+                    self._remember(entry)
+                if cached is not None and entry.digest in self._index:
                     continue
                 if text is not None:
                     self._learn(entry, encode(text))

@@ -354,3 +354,60 @@ def remove(managed: Restartable) -> None:
     """Stop `managed` and delete its temp dir."""
     managed.stop()
     shutil.rmtree(managed.data.parent, ignore_errors=True)
+
+
+def redis_cluster(size: int = 3) -> list[Restartable]:
+    """A Redis Cluster of `size` masters on 127.0.0.1 (free ports, bus ports free too), ready."""
+    binary = executable("redis-server", "Redis", SETUP_HINT)
+    cli = executable("redis-cli", "Redis", SETUP_HINT)
+    base = _owned_tempdir("policyhook-redis-cluster-", None)
+    nodes: list[Restartable] = []
+    while len(nodes) < size:
+        port = free_port()
+        if port + 10000 > 65535 or not _port_free(port + 10000):
+            continue  # the cluster bus listens on port + 10000
+        data = base / f"node{len(nodes)}"
+        data.mkdir()
+        node = Restartable(
+            f"redis-cluster-{len(nodes)}",
+            [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
+             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+             "--appendonly", "yes", "--save", "", "--protected-mode", "no"],
+            url=f"redis://127.0.0.1:{port}/0",
+            data=data,
+            ready=_tcp_answer(port, b"PING\r\n", b"+PONG"),
+        )  # fmt: skip
+        node.start()
+        nodes.append(node)
+    addresses = [n.url.removeprefix("redis://").removesuffix("/0") for n in nodes]
+    create = [str(cli), "--cluster", "create", *addresses, "--cluster-replicas", "0"]
+    done = subprocess.run(
+        [*create, "--cluster-yes"], capture_output=True, text=True, timeout=60, check=False
+    )
+    if done.returncode != 0:
+        for node in nodes:
+            node.stop()
+        pytest.fail(f"redis-cli --cluster create failed:\n{done.stdout}\n{done.stderr}")
+    for node in nodes:
+        port = node.url.rsplit(":", 1)[1].split("/")[0]
+        wait_for(
+            f"{node.name} in a cluster with every slot served",
+            lambda port=port: (
+                b"cluster_state:ok"
+                in subprocess.run(
+                    [str(cli), "-p", port, "cluster", "info"], capture_output=True, timeout=10
+                ).stdout
+            ),
+            timeout=30,
+            explain=node.log_tail,
+        )
+    return nodes
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True

@@ -99,3 +99,59 @@ class TestRedisStoreContract(StoreContract):
         yield again
         for s in opened:
             s.close()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[list[servers.Restartable]]:
+    nodes = servers.redis_cluster(3)
+    yield nodes
+    for node in nodes:
+        servers.remove(node)
+
+
+class TestRedisClusterContract(StoreContract):
+    """The same contract on a three-master Redis Cluster: every key of a store shares one hash
+    tag, so every script and multi-key command lands on one node."""
+
+    @pytest.fixture
+    def make_store(self, cluster: list[servers.Restartable]) -> Iterator[MakeStore]:
+        from redis.cluster import RedisCluster
+
+        from policyhook._redis import RedisStore
+
+        clients: list[Any] = []
+
+        def make(**options: Any) -> RedisStore:
+            clients.append(RedisCluster.from_url(cluster[0].url))
+            return RedisStore(client=clients[-1], namespace=fresh("cluster"), **options)
+
+        yield make
+        for c in clients:
+            c.close()
+
+    @pytest.fixture
+    def reopen(self, cluster: list[servers.Restartable]) -> Iterator[Reopen]:
+        from redis.cluster import RedisCluster
+
+        from policyhook._redis import RedisStore
+
+        clients: list[Any] = []
+
+        def again(store: Store) -> RedisStore:
+            assert isinstance(store, RedisStore)
+            clients.append(RedisCluster.from_url(cluster[-1].url))  # another node first
+            return RedisStore(client=clients[-1], namespace=store.namespace, ttl=store.ttl)
+
+        yield again
+        for c in clients:
+            c.close()
+
+    def test_namespaces_spread_over_the_nodes(self, cluster: list[servers.Restartable]) -> None:
+        """Different namespaces hash to different slots, so stores spread over the masters."""
+        from redis.cluster import RedisCluster
+
+        client = RedisCluster.from_url(cluster[0].url)
+        slots = {client.keyslot("{" + f"tenant{i}" + "}:live") for i in range(30)}
+        owners = {client.nodes_manager.get_node_from_slot(s).port for s in slots}
+        client.close()
+        assert len(owners) == 3

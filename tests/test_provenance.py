@@ -449,3 +449,19 @@ class TestStoreDownFailsClosed:
             guard.ledger.resolve(["a message never seen before, maybe a summary"], "w").region.depth
             == 0
         )
+
+
+class TestClosures:
+    def test_a_merge_by_another_process_reaches_cached_chains(self, tmp_path: Path) -> None:
+        """A summary re-recorded by another process (merged: one more source) is seen with its
+        new source by a process that had the old closure cached."""
+        with SQLiteStore(tmp_path / "s.db") as one, SQLiteStore(tmp_path / "s.db") as two:
+            first, second = Ledger(one), Ledger(two)
+            s1 = first.record_summary(summary_text(1), Region("r", sources=frozenset({"a"})), "w")
+            s2 = first.record_summary(
+                summary_text(2), first.resolve(summary_text(1), "w").region, "w"
+            )
+            assert first.resolve(summary_text(2), "w").region.sources == {"a"}
+            second.record_summary(summary_text(1), Region("r2", sources=frozenset({"b"})), "w")
+            assert first.resolve(summary_text(2), "w").region.sources == {"a", "b"}
+            assert s1.depth == 1 and s2.depth == 2
