@@ -408,7 +408,8 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     except BrokenPipeError:
         raise
     except (UsageError, PolicyTestError, OSError, ValueError) as exc:
-        print(f"{prefix}: {exc}", file=sys.stderr)
+        text = str(exc)  # "policyhook demo --store: ..." for an option's error
+        print(f"{prefix}{' ' if text.startswith('--') else ': '}{text}", file=sys.stderr)
     except RecursionError:
         print(f"{prefix}: the input is nested too deeply", file=sys.stderr)
     except OverflowError as exc:
