@@ -694,6 +694,12 @@ class Checker:
             for part_node, part in zip(nodes, parts, strict=True):
                 if part.type == DYN:
                     self.no_dyn(part_node, part, f"{name}()")
+        if name == "string" and types == [DOUBLE]:
+            raise self.fail(
+                node,
+                "string() of a double is written differently by the two CEL backends "
+                "('100.0' or '100'): format an int (string(int(x))) or compare the number",
+            )
         result = self.overload(name, target is not None, types)
         if result is None:
             given = ", ".join(str(t) for t in types)

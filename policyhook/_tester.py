@@ -22,13 +22,13 @@ import yaml
 from policyhook import activation as schema
 from policyhook.cel import Backend
 from policyhook.loader import Located, LocatingLoader, is_test_file, load
-from policyhook.policy import PolicySet
+from policyhook.policy import Effect, PolicySet
 
 TEST_KIND = "PolicyTest"
 _TEST_KEYS = {"apiVersion", "kind", "metadata", "defaults", "cases"}
 _CASE_KEYS = {"name", "input", "expect"}
 _EXPECT_KEYS = {"decision", "policy", "rule", "matched"}
-_EFFECTS = ("allow", "deny", "would_deny")
+_EFFECTS = tuple(Effect)
 
 
 class PolicyTestError(ValueError):
@@ -118,7 +118,7 @@ def _run_case(
         if not expect.get("matched", True) and matched[target]:
             return result("failed", f"policy {target!r} matched; the case expects it not to")
     wrong = [key for key in ("decision", "rule") if key in expect and expect[key] != actual[key]]
-    if target is not None and decision.effect != "allow" and expect.get("matched", True):
+    if target is not None and decision.effect != Effect.ALLOW and expect.get("matched", True):
         wrong += ["policy"] if target != decision.policy else []
     return result("failed" if wrong else "passed")
 

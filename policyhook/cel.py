@@ -11,6 +11,7 @@ chooses between them.
 from __future__ import annotations
 
 import logging
+import math
 import operator
 import sys
 import threading
@@ -158,14 +159,55 @@ def _index(container: Any, index: Any) -> Any:
     return operator.getitem(container, index)
 
 
-# The compiled runner calls functions by `module.qualname` from celpy.evaluation's namespace:
-# ours is added there under a name of its own (nothing of cel-python's is replaced).
-_index.__module__ = "celpy.evaluation"
-_index.__name__ = _index.__qualname__ = "_policyhook_index"
-setattr(celpy.evaluation, "_policyhook_index", _index)  # noqa: B010
+def _add(left: Any, right: Any) -> Any:
+    """CEL's `_+_`: joined strings and lists stay CEL values (cel-python returns a bare str, on
+    which `.contains()` then fails)."""
+    result = operator.add(left, right)
+    if type(result) is str:
+        return celtypes.StringType(result)
+    if type(result) is list:
+        return celtypes.ListType(result)
+    return result
+
+
+def _divide(left: Any, right: Any) -> Any:
+    """CEL's `_/_`: IEEE 754 for doubles (cel-python gives +inf for -1.0/0.0 and 0.0/0.0)."""
+    if isinstance(left, float) and isinstance(right, float) and right == 0.0:
+        if left != left or left == 0.0:
+            return celtypes.DoubleType(math.nan)
+        return celtypes.DoubleType(math.copysign(math.inf, left) * math.copysign(1.0, right))
+    return operator.truediv(left, right)
+
+
+def _int(value: Any) -> Any:
+    """CEL's `int()`: a double must lie strictly inside int64's range (as in cel-expr-python)."""
+    if isinstance(value, float) and not -(2.0**63) < value < 2.0**63:
+        raise ValueError("double out of int64 range")
+    return celtypes.IntType(value)
+
+
+def _uint(value: Any) -> Any:
+    """CEL's `uint()`: a double must lie in [0, 2^64) (cel-python truncates -0.5 to 0)."""
+    if isinstance(value, float) and not 0.0 <= value < 2.0**64:
+        raise ValueError("double out of uint64 range")
+    return celtypes.UintType(value)
+
 
 #: cel-python functions replaced where cel-python departs from CEL (and from cel-expr-python).
-_FUNCTIONS: dict[str, Any] = {"_[_]": _index}
+_FUNCTIONS: dict[str, Any] = {
+    "_[_]": _index,
+    "_+_": _add,
+    "_/_": _divide,
+    "int": _int,
+    "uint": _uint,
+}
+
+# The compiled runner calls functions by `module.qualname` from celpy.evaluation's namespace:
+# ours are added there under names of their own (nothing of cel-python's is replaced).
+for _function in _FUNCTIONS.values():
+    _function.__module__ = "celpy.evaluation"
+    _function.__name__ = _function.__qualname__ = f"_policyhook{_function.__name__}"
+    setattr(celpy.evaluation, _function.__name__, _function)
 
 
 class CelPythonBackend:

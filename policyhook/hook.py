@@ -30,7 +30,7 @@ from policyhook.cel import Backend
 from policyhook.decisionlog import DecisionLog, Outcome
 from policyhook.errors import UnsafeRecompactionError
 from policyhook.loader import load_default
-from policyhook.policy import Decision, PolicySet
+from policyhook.policy import Decision, Effect, Mode, PolicySet
 from policyhook.provenance import Ledger, Region, Resolution, Source, text_id
 from policyhook.reload import PolicyWatcher
 from policyhook.remedies import Escalation, Remedied
@@ -719,13 +719,13 @@ class Guard:
             )
             self._notify(decision, activation)
             call = GuardedCall(self, summarizer, req, resolution, decision, activation, span, value)
-            if decision.effect == "deny":
+            if decision.effect == Effect.DENY:
                 refusal = UnsafeRecompactionError(decision)
                 self._telemetry.refused(span, refusal)
                 call._end("refused")
                 raise refusal
-            if decision.effect == "would_deny":
-                level = logging.WARNING if decision.mode == "warn" else logging.INFO
+            if decision.effect == Effect.WOULD_DENY:
+                level = logging.WARNING if decision.mode == Mode.WARN else logging.INFO
                 _logger.log(
                     level,
                     "policyhook (%s mode) would refuse: %s",
@@ -758,18 +758,18 @@ class Guard:
         call.grounding = found
         activation = {**call._activation, "summary": schema.summary(found.summary())}
         decision = policies.decide(activation, phase="output")
-        if decision.effect != "allow":
+        if decision.effect != Effect.ALLOW:
             decision = replace(decision, message=f"{decision.message}: {found.describe()}")
             # the decision log and the refusal carry the output's decision, not the input's
             call.decision, call._activation = decision, activation
         self._notify(decision, activation)
-        if decision.effect == "deny":
+        if decision.effect == Effect.DENY:
             refusal = UnsafeRecompactionError(decision)
             self._telemetry.refused(call._span, refusal)
             raise refusal
-        if decision.effect == "would_deny":
+        if decision.effect == Effect.WOULD_DENY:
             _logger.log(
-                logging.WARNING if decision.mode == "warn" else logging.INFO,
+                logging.WARNING if decision.mode == Mode.WARN else logging.INFO,
                 "policyhook (%s mode) would refuse the output: %s",
                 decision.mode,
                 UnsafeRecompactionError(decision),

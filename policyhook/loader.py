@@ -29,6 +29,8 @@ from policyhook.policy import (
     MODES,
     REMEDIES,
     Expression,
+    FailurePolicy,
+    Mode,
     Policy,
     PolicySet,
     Rule,
@@ -304,8 +306,8 @@ def compile_sources(
                 )
                 continue
             where[policy.name] = file
-            if force_audit and policy.mode == "enforce":
-                policy = replace(policy, mode="audit")
+            if force_audit and policy.mode == Mode.ENFORCE:
+                policy = replace(policy, mode=Mode.AUDIT)
             policies.append(policy)
     if issues:
         raise PolicyError(issues)
@@ -420,10 +422,10 @@ def _compile_document(
     spec = document.get("spec")
     if not check.mapping(spec, "spec", _SPEC_KEYS, {"rules"}):
         return None
-    mode = spec.get("mode", "enforce")
+    mode = spec.get("mode", Mode.ENFORCE)
     if mode not in MODES:
         check.issue(spec, "mode", f"spec.mode must be one of {', '.join(MODES)}, got {mode!r}")
-    failure_policy = spec.get("failurePolicy", "deny")
+    failure_policy = spec.get("failurePolicy", FailurePolicy.DENY)
     if failure_policy not in FAILURE_POLICIES:
         check.issue(
             spec,
@@ -444,9 +446,9 @@ def _compile_document(
     return Policy(
         name=name,
         file=file,
-        mode=str(mode),
+        mode=Mode(mode),
         phase=str(phase),
-        failure_policy=str(failure_policy),
+        failure_policy=FailurePolicy(failure_policy),
         match_conditions=conditions,
         variables=variables,
         rules=rules,

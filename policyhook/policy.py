@@ -11,13 +11,38 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from enum import StrEnum
+from typing import Any, Literal
 
 from policyhook import _celcheck
 from policyhook.cel import Backend, EvaluationError, Program
 
-MODES = ("enforce", "audit", "warn")
-FAILURE_POLICIES = ("deny", "allow")
+
+class Effect(StrEnum):
+    """What a decision does to the call (telemetry and the decision log call it `decision`)."""
+
+    ALLOW = "allow"
+    DENY = "deny"
+    WOULD_DENY = "would_deny"  # an audit/warn policy refused: the call goes through
+
+
+class Mode(StrEnum):
+    """A policy's `spec.mode`: enforce refuses, audit and warn only record (warn logs louder)."""
+
+    ENFORCE = "enforce"
+    AUDIT = "audit"
+    WARN = "warn"
+
+
+class FailurePolicy(StrEnum):
+    """A policy's `spec.failurePolicy`: what an expression that cannot be evaluated does."""
+
+    DENY = "deny"
+    ALLOW = "allow"
+
+
+MODES = tuple(Mode)
+FAILURE_POLICIES = tuple(FailurePolicy)
 #: What a runtime can do instead of a refused call (see `policyhook.remedies`).
 REMEDIES = ("rederive", "offload", "pin", "escalate")
 
@@ -32,7 +57,7 @@ class Violation:
     policy: str
     rule: str
     message: str
-    mode: str
+    mode: Mode
     error: str | None = None  # set when the rule failed to evaluate and failurePolicy denied
     remedy: str = ""  # the rule's remedy ("" when it names none: the runtime's fallback)
 
@@ -42,7 +67,7 @@ class Decision:
     """The outcome of one call: `effect` is allow, deny, or would_deny (audit/warn let it pass)."""
 
     decision_id: str
-    effect: str
+    effect: Effect
     revision: str
     region_id: str
     depth: int
@@ -50,7 +75,7 @@ class Decision:
     policy: str = ""
     rule: str = ""
     message: str = ""
-    mode: str = ""
+    mode: Mode | Literal[""] = ""  # "" when allowed
     remedy: str = ""  # the deciding rule's remedy: rederive, offload, pin, escalate, or ""
     violations: tuple[Violation, ...] = ()
     errors: tuple[Violation, ...] = ()  # every evaluation error, whatever failurePolicy did
@@ -58,7 +83,7 @@ class Decision:
 
     @property
     def allowed(self) -> bool:
-        return self.effect != "deny"
+        return self.effect != Effect.DENY
 
 
 # -- compiled form ------------------------------------------------------------------------------
@@ -99,8 +124,8 @@ class Rule:
 class Policy:
     name: str
     file: str
-    mode: str
-    failure_policy: str
+    mode: Mode
+    failure_policy: FailurePolicy
     match_conditions: tuple[Expression, ...]
     variables: tuple[Expression, ...]
     rules: tuple[Rule, ...]
@@ -153,9 +178,9 @@ class PolicySet:
             if explain:
                 explanation.append(report)
         region = activation["region"]
-        enforced = [v for v in violations if v.mode == "enforce"]
+        enforced = [v for v in violations if v.mode == Mode.ENFORCE]
         first = (enforced or violations or [None])[0]  # type: ignore[list-item]
-        effect = "allow" if first is None else "deny" if enforced else "would_deny"
+        effect = Effect.ALLOW if first is None else Effect.DENY if enforced else Effect.WOULD_DENY
         return Decision(
             decision_id=uuid.uuid4().hex,
             effect=effect,
@@ -234,7 +259,7 @@ def _unreadable(
         policy.name, "activation", f"could not evaluate: {reason}", policy.mode, error=reason
     )
     errors.append(violation)
-    if policy.failure_policy == "deny":
+    if policy.failure_policy == FailurePolicy.DENY:
         violations.append(violation)
     return {"policy": policy.name, "mode": policy.mode, "matched": None, "error": reason}
 
@@ -267,7 +292,7 @@ def _evaluate(
             policy.name, rule, f"could not evaluate: {error}", policy.mode, error=error
         )
         errors.append(violation)
-        if policy.failure_policy == "deny":
+        if policy.failure_policy == FailurePolicy.DENY:
             violations.append(violation)
 
     for condition in policy.match_conditions:

@@ -35,7 +35,7 @@ from opentelemetry.trace import (
 )
 
 from policyhook.errors import UnsafeRecompactionError
-from policyhook.policy import Decision
+from policyhook.policy import Decision, Effect, Mode
 
 __all__ = ["MeterProvider", "Span", "Telemetry", "TracerProvider", "capture_content_from_env"]
 
@@ -366,9 +366,9 @@ class Telemetry:
         self.depth.record(region["depth"], {"decision": decision.effect, "summarizer": summarizer})
         for error in decision.errors:
             # What failurePolicy did to the call: refused it, would have (audit/warn), let it pass.
-            outcome = "allow"
+            outcome = Effect.ALLOW
             if error in decision.violations:
-                outcome = "deny" if error.mode == "enforce" else "would_deny"
+                outcome = Effect.DENY if error.mode == Mode.ENFORCE else Effect.WOULD_DENY
             self.errors.add(1, {"policy": error.policy, "rule": error.rule, "outcome": outcome})
 
     def refused(self, span: Span, error: UnsafeRecompactionError) -> None:

@@ -221,6 +221,8 @@ RUNTIME_ERRORS = {
     "overflow": "region.depth + 9223372036854775807 > 0",
     "underflow": "-9223372036854775807 - region.depth - 1 < 0",
     "double-to-int-range": "int(request.budget_pressure * 1e30) > 0",
+    "double-to-int-at-min": "int(-9223372036854775808.0) < region.depth",
+    "negative-double-to-uint": "uint(-request.budget_pressure) == 0u",
     "bad-conversion": "int(region.kind) == 1",
     "non-bool-dyn": "dyn(region.depth)",
 }
@@ -397,6 +399,8 @@ class TestPolicyFeatures:
             "[1, 2, 3].map(x, x * region.depth)[2] == 3 * region.depth",
             "{'a': region.depth}['a'] == region.depth",
             "region.depth > 1 ? request.trigger == 'manual' : true",
+            "(region.id + region.id).contains(region.id) && (region.sources + ['x']).size() > 0",
+            "-1.0 / (request.budget_pressure - request.budget_pressure) < 0.0",
         ],
     )
     @pytest.mark.parametrize("depth", [1, 2])

@@ -312,6 +312,9 @@ EDGE_RULES = [
     "int(request.budget_pressure) >= 0",
     "request.attempt - 1 < request.attempt",
     "-region.depth <= 0",
+    "-request.budget_pressure / 0.0 < 0.0",
+    "request.budget_pressure / (request.budget_pressure - request.budget_pressure) > 0.0",
+    "int(-request.budget_pressure * 1e300) < 0 && uint(request.budget_pressure) >= 0u",
 ]
 
 

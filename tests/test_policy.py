@@ -298,6 +298,10 @@ class TestTypeCheck:
             ("region.kind.startsWith(1)", "no overload of startsWith() takes (string, int)"),
             ("int(region.sources) > 0", "no overload of int() takes (list(string))"),
             ("dyn(region.depth) < 1.5", "has no static type"),
+            (
+                "string(request.budget_pressure) == '0.5'",
+                "string() of a double is written differently",
+            ),
             ("[1, 'a'][0] == 1", "has no static type"),
             ("Foo{a: 1} == null", "message construction"),
             ("variables == null", "use variables.<name>"),

@@ -59,7 +59,7 @@ from policyhook.adapters import untraced_summary
 from policyhook.errors import UnsafeRecompactionError
 from policyhook.hook import Guard, request
 from policyhook.loader import load
-from policyhook.policy import Decision
+from policyhook.policy import Decision, Effect
 from policyhook.provenance import Region, Source, content_of
 from policyhook.remedies import Remedied
 from policyhook.stores import SQLiteStore
@@ -715,7 +715,7 @@ def answer(
     compaction at a full context leaves the user nothing but /clear. `advice` adds what to do to
     a blocked manual compaction's reason.
     """
-    if decision.effect == "deny" and pinned is not None:
+    if decision.effect == Effect.DENY and pinned is not None:
         message = (
             f"policyhook refused this compaction ({decision.message or 'refused by policy'}; "
             f"policy {decision.policy!r}, rule {decision.rule!r}, decision "
@@ -725,7 +725,7 @@ def answer(
             "handed to the new window (SessionStart)."
         )
         json.dump({"systemMessage": _clean(message)}, out)
-    elif decision.effect == "deny":
+    elif decision.effect == Effect.DENY:
         reason = _reason(decision, transcript)
         if advice:
             reason += (
@@ -734,7 +734,7 @@ def answer(
                 "or start afresh with /clear"
             )
         json.dump({"decision": "block", "reason": reason}, out)
-    elif decision.effect == "would_deny":
+    elif decision.effect == Effect.WOULD_DENY:
         message = f"({decision.mode}) would block: {_reason(decision, transcript)}"
         json.dump({"systemMessage": message}, out)
     else:
@@ -933,7 +933,7 @@ def _run(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> None:
             trigger, session, _ = _hook_input(hook_input)
             pinned = None
             if (
-                decision.effect == "deny"
+                decision.effect == Effect.DENY
                 and trigger == "automatic"
                 and args.on_auto_refusal == "pin"
             ):
