@@ -216,6 +216,8 @@ def native_checker() -> (
             with _checker_lock:
                 env = envs.get(key)
                 if env is None:
+                    if len(envs) >= 256:  # one per set of variable types seen: bounded
+                        envs.clear()
                     qualified = {f"variables.{n}": _cel_type(t) for n, t in variables.items()}
                     env = cel.NewEnv(descriptor_pool=pool, variables={**declared, **qualified})
                     envs[key] = env

@@ -230,16 +230,16 @@ def _problem(value: Any) -> str | None:
     if isinstance(value, str):
         return None if value.isascii() or _utf8(value) else "holds a lone surrogate"
     if isinstance(value, list | tuple):
-        strings = [v for v in value if isinstance(v, str)]
-        joined = "\0".join(strings)
-        if not joined.isascii() and not _utf8(joined):
-            index = next(i for i, v in enumerate(value) if isinstance(v, str) and not _utf8(v))
-            return f"[{index}] holds a lone surrogate"
+        try:
+            joined = "\0".join(value)  # the common case, a list of ids: one pass in C
+        except TypeError:
+            joined = None
+        if joined is not None and (joined.isascii() or _utf8(joined)):
+            return None
         for index, item in enumerate(value):
-            if not isinstance(item, str):
-                problem = _problem(item)
-                if problem is not None:
-                    return f"[{index}] {problem}"
+            problem = _problem(item)
+            if problem is not None:
+                return f"[{index}]{'' if problem.startswith('[') else ' '}{problem}"
     return None
 
 
