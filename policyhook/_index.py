@@ -30,7 +30,8 @@ _FANOUT = 4
 _TRIES = 16
 #: Inputs at least this long fold the batch into an automaton first (one pass per automaton
 #: beats one `find` per batched text) and are searched with DFAs, built once per level on demand
-#: (twice as fast to search, ten times dearer to build) ...
+#: (twice as fast to search, ten times dearer to build: only for levels of tier 2 and up, which
+#: are rebuilt rarely) ...
 _LARGE_INPUT = 64 * 1024
 #: ... for levels of at most this many anchors (a DFA takes ~14 KB per anchor).
 _DFA_MAX_ANCHORS = 2048
@@ -60,7 +61,7 @@ class _Level:
         return [(a, c) for a, cs in zip(self.anchors, self.candidates, strict=True) for c in cs]
 
     def searcher(self, large: bool) -> ahocorasick_rs.BytesAhoCorasick:
-        if not large or len(self.anchors) > _DFA_MAX_ANCHORS:
+        if not large or self.tier < 2 or len(self.anchors) > _DFA_MAX_ANCHORS:
             return self.automaton
         if self._dfa is None:
             self._dfa = ahocorasick_rs.BytesAhoCorasick(
