@@ -701,3 +701,25 @@ class TestAutomaticRefusals:
         """--on-auto-refusal block: a refused automatic compaction is blocked, nothing pinned."""
         blocked(hook(hook_input("resumed", "auto"), "--on-auto-refusal", "block"))
         assert session_start(hook) is None
+
+
+def test_a_turn_quoting_a_dead_summary_is_not_evidence(hook: Hook, tmp_path: Path) -> None:
+    """A user turn that pastes an earlier summary rests on that summary's sources: once one is
+    gone, compacting the new session is refused, never laundered into depth-0 evidence."""
+    allowed(hook(hook_input("compacted")))  # the summary is recorded, its originals archived
+    summary = next(
+        json.loads(line)["message"]["content"]
+        for line in (FIXTURES / "compacted.jsonl").read_text().splitlines()
+        if json.loads(line).get("isCompactSummary")
+    )
+    with SQLiteStore(hook.store) as store:
+        assert store.evict(source("u2-0000"))  # the config read behind the summary
+    turn = json.loads((FIXTURES / "fresh.jsonl").read_text().splitlines()[1])
+    turn.update(uuid="q1-0000", parentUuid=None)
+    turn["message"]["content"] = "Notes from my last session:\n" + summary
+    transcript = tmp_path / "quoting.jsonl"
+    transcript.write_text(json.dumps(turn) + "\n")
+    answer = blocked(hook(hook_input(transcript)))
+    assert "live-sources" in answer["reason"]
+    region = hook.last()["activation"]["region"]
+    assert region["depth"] >= 1 and source("u2-0000") in region["dead_sources"]

@@ -60,7 +60,7 @@ from policyhook.errors import UnsafeRecompactionError
 from policyhook.hook import Guard, request
 from policyhook.loader import load
 from policyhook.policy import Decision, Effect
-from policyhook.provenance import Region, Source, content_of
+from policyhook.provenance import Region, content_of
 from policyhook.remedies import Remedied
 from policyhook.stores import SQLiteStore
 
@@ -625,17 +625,17 @@ def _regions(guard: Guard, transcript: Transcript, window: str) -> list[Region]:
         if segment.summary is not None:
             _, text = segment.summary
             if previous is not None:
-                parts.append(guard.ledger.record_summary(text, previous, window))
+                parts += guard.record_summary(text, of=[previous], window=window)
             else:  # no history for it in this transcript: known from an earlier run, or untraced
-                known = guard.ledger.resolve(text, window).region
+                known = guard.provenance(text, window)
                 parts.append(known if known.depth > 0 else untraced_summary(text))
-        held = guard.ledger.store.live([o.source_id for o in segment.originals])
+        held = guard.store.live([o.source_id for o in segment.originals])
         for original in segment.originals:
-            if original.source_id in held:  # archived by an earlier run: not written again
-                source = Source(original.source_id, original.kind)
-            else:
-                source = guard.record_source(original.text, original.kind, original.source_id)
-            parts.append(Region.original(original.text, [source], region_id=source.id))
+            if original.source_id not in held:  # archived by an earlier run: not written again
+                guard.record_source(original.text, original.kind, original.source_id)
+            # What the original rests on as the ledger knows it: a turn that quotes a summary
+            # keeps that summary's depth and sources (never laundered into evidence).
+            parts.append(guard.provenance(original.text, window))
         previous = Region.merge(parts, f"{window}#segment-{number}")
     return parts
 
