@@ -37,9 +37,9 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import policyhook
 from policyhook import Guard, UnsafeRecompactionError, remedies
@@ -433,7 +433,8 @@ def run_langchain(mode: str, cfg: Config) -> Run:
 
 def table(results: Sequence[Run]) -> str:
     rows = [
-        "| summarizer | condition | passes | recall (last) | recall (min) | wrong facts (sum over passes) "
+        "| summarizer | condition | passes | recall (last) | recall (min) "
+        "| wrong facts (sum over passes) "
         "| max tokens / budget | summarize calls | refusals | remedies |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
