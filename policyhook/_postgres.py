@@ -25,8 +25,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from policyhook.errors import StoreUnavailableError
-from policyhook.provenance import Entry, Region, Source
-from policyhook.stores import State
+from policyhook.provenance import Entry, Region, Source, State
 
 if TYPE_CHECKING:
     import psycopg

@@ -23,8 +23,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from policyhook.errors import StoreUnavailableError
-from policyhook.provenance import Entry, Region, Source
-from policyhook.stores import State
+from policyhook.provenance import Entry, Region, Source, State
 
 #: The layout version this code writes, kept in `{ns}:meta`.
 SCHEMA_VERSION = 1

@@ -12,15 +12,12 @@ import logging
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from policyhook import _fork, _shapes
 from policyhook._index import MIN_BYTES, Index
-
-if TYPE_CHECKING:
-    from policyhook.stores import Store
 
 _logger = logging.getLogger("policyhook")
 
@@ -224,6 +221,70 @@ def _unverifiable(key: str, chars: int) -> Region:
         source_kinds=frozenset({UNVERIFIABLE}),
         chars=chars,
     )
+
+
+#: What a store knows of a source id: held, dropped by `evict` or capacity, or past its TTL.
+#: An id absent from `states` was never put: unknown, which is not the same as dead.
+State = Literal["live", "evicted", "expired"]
+
+
+@runtime_checkable
+class Store(Protocol):
+    """What the ledger needs from a store; the stores (policyhook.stores, PostgresStore,
+    RedisStore) implement it. Implementations must be safe for concurrent threads and, when
+    shared, for concurrent processes (two processes on one store see the same secret, the same
+    entries and the same liveness)."""
+
+    def secret(self) -> bytes:
+        """The key ids and digests are made with: created once, then the same for every process."""
+
+    def put_source(self, source: Source, text: str) -> None:
+        """Hold `text` under `source.id` (re-putting an id replaces it, reviving an evicted one)
+        and index it by digest and anchor."""
+
+    def get_source(self, source_id: str) -> str | None:
+        """Give the original back, or None when it is gone (evicted, expired or never put)."""
+
+    def evict(self, source_id: str) -> bool:
+        """Drop a source's text, leaving a tombstone: it is dead for every later decision and
+        still known (its entry stays). True if it was held."""
+
+    def live(self, source_ids: Collection[str]) -> frozenset[str]:
+        """The subset of `source_ids` held now, in one lookup."""
+
+    def states(self, source_ids: Collection[str]) -> dict[str, State]:
+        """Each known id's state, in one lookup; ids never put are left out (unknown)."""
+
+    def put_summary(self, entry: Entry, text: str) -> Entry | None:
+        """Remember a granted summary (normalised `entry`) of `entry.window`, with its text.
+
+        A text recorded again is merged with its earlier record (`Entry.merged`: provenance only
+        grows), atomically; returns the entry as stored, or None (then the ledger reads it back
+        with `lookup`, one more round trip)."""
+
+    def lookup(self, digests: Collection[str]) -> dict[str, Entry]:
+        """The entries of the texts with these digests (sources, evicted ones too, and
+        summaries), in one lookup. A digest not returned is a text this store never saw."""
+
+    def by_anchor(self, anchors: Collection[str]) -> list[Entry]:
+        """Entries whose anchor (keyed hash of the first bytes) is one of `anchors`."""
+
+    def rests_on(self, summary_ids: Collection[str]) -> dict[str, frozenset[str]]:
+        """Every source id each summary rests on, transitively through its parents."""
+
+    def window_depth(self, window: str) -> int:
+        """The deepest summary recorded in `window` (0 if none): O(1)."""
+
+    def since(self, cursor: int, limit: int) -> tuple[int, list[tuple[Entry, str | None]]]:
+        """Up to `limit` entries recorded after `cursor` (0: from the start), oldest first, each
+        with its text when still held; and the cursor to pass next. For caches to catch up with
+        other processes' writes; cheap when nothing changed."""
+
+    def sources(self, limit: int) -> list[tuple[Source, str]]:
+        """The most recently put sources still held (for inspection and adapters' tests)."""
+
+    def summaries(self, window: str, limit: int) -> list[tuple[Region, str]]:
+        """The most recent summaries of `window` still held, oldest first, with provenance."""
 
 
 class Ledger:

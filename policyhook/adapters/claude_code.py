@@ -43,11 +43,13 @@ provenance. So re-compacting is allowed while the originals can be given back.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import json
 import os
 import stat
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -65,10 +67,12 @@ from policyhook.remedies import Remedied
 from policyhook.stores import SQLiteStore
 
 __all__ = [
+    "DEFAULT_STATE_DIR",
     "SUMMARIZER",
     "HookError",
     "Limits",
     "Segment",
+    "SessionState",
     "Transcript",
     "answer",
     "archive_and_pin",
@@ -742,6 +746,45 @@ def answer(
     out.write("\n")
 
 
+# -- per-session state shared with claude-postcompact (pins, findings) ----------------------
+
+#: Where the hooks keep per-session state (`--state-dir`, $POLICYHOOK_GROUNDING_DIR).
+DEFAULT_STATE_DIR = Path("~/.claude/policyhook/grounding")
+
+
+class SessionState:
+    """One Claude Code session's file: provenance of every checked summary (claude-postcompact),
+    and what the next `SessionStart` after a compaction must hand on (findings, pinned facts)."""
+
+    def __init__(self, directory: Path, session: str) -> None:
+        name = hashlib.sha256(session.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        self.path = directory.expanduser() / f"{name}.json"
+
+    def load(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {"summaries": {}, "pending": None, "pins": None}
+        except (OSError, ValueError) as exc:
+            raise HookError(f"cannot read grounding state {self.path}: {exc}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("summaries"), dict):
+            raise HookError(f"grounding state {self.path} is not a policyhook state file")
+        return data
+
+    def save(self, data: Mapping[str, Any]) -> None:
+        """Written to a temporary file and renamed: a crash never leaves half a state file."""
+        check_writable_path(self.path, "grounding state")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                json.dump(data, out)
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
 def archive_and_pin(
     guard: Guard,
     decision: Decision,
@@ -760,8 +803,6 @@ def archive_and_pin(
         )
     except UnsafeRecompactionError:
         return None
-    from policyhook.adapters._claude_state import SessionState
-
     state = SessionState(state_dir, session)
     data = state.load()
     data["pins"] = {
@@ -846,7 +887,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--state-dir",
         type=Path,
-        default=Path(_env_default("POLICYHOOK_GROUNDING_DIR", "~/.claude/policyhook/grounding")),
+        default=Path(_env_default("POLICYHOOK_GROUNDING_DIR", DEFAULT_STATE_DIR)),
         help="per-session state shared with claude-postcompact (pins for the next SessionStart)",
     )
     parser.add_argument(

@@ -31,8 +31,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from policyhook._exit import HookExit
-from policyhook.adapters._claude_state import DEFAULT_STATE_DIR, SessionState
-from policyhook.adapters.claude_code import HookError, read_transcript
+from policyhook.adapters.claude_code import (
+    DEFAULT_STATE_DIR,
+    HookError,
+    SessionState,
+    read_transcript,
+)
 from policyhook.grounding import Fact, FactIndex, Grounding, check
 
 __all__ = ["DEFAULT_STATE_DIR", "main", "postcompact", "session_start"]
