@@ -140,4 +140,4 @@ class TestDemoOnSharedStores:
         port = servers.free_port()
         code, out, err = demo("--store", f"redis://127.0.0.1:{port}/0")
         assert code == 2 and out == ""
-        assert f"127.0.0.1:{port}" in err and "policyhook demo --store" in err
+        assert f"127.0.0.1:{port}" in err and "--store" in err and "Connection refused" in err
