@@ -220,7 +220,8 @@ class Guard:
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
         count_tokens: Callable[[str], int] | None = None,
-        max_texts_per_window: int = 1024,
+        max_texts: int = 65_536,
+        max_windows: int = 4_096,
         escalation: Escalation | None = None,
         pin_limit: int = 40,
         cite_sources: bool = False,
@@ -228,7 +229,7 @@ class Guard:
         self.store: Store = store if store is not None else MemoryStore()
         self.escalation = escalation
         self.pin_limit = pin_limit
-        self.ledger = Ledger(self.store, max_texts_per_window=max_texts_per_window)
+        self.ledger = Ledger(self.store, max_texts=max_texts, max_windows=max_windows)
         self._telemetry = Telemetry(
             tracer_provider=tracer_provider,
             meter_provider=meter_provider,

@@ -295,7 +295,6 @@ class Ledger:
     at most `max_texts` texts (their entries and anchors, least recently used out) and the
     deepest summary of at most `max_windows` windows (idle ones out, reloaded in O(1)). Windows
     scope `max_depth`, not recognition: a text recorded in any window is recognised in all.
-    `max_texts_per_window` is accepted for compatibility and ignored.
     """
 
     def __init__(
@@ -304,7 +303,6 @@ class Ledger:
         *,
         max_texts: int = 65_536,
         max_windows: int = 4_096,
-        max_texts_per_window: int | None = None,
     ) -> None:
         if max_texts < 1:
             raise ValueError(f'"max_texts" must be >= 1: {max_texts}')
