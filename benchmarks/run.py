@@ -525,7 +525,7 @@ def bench_provenance(report: Report, quick: bool) -> None:
 
 def _loop_guard(store: Any, backend: cel.Backend) -> Guard:
     guard = Guard(load(DEFAULT_POLICY, backend=backend), store=store)
-    guard.telemetry = _NoTelemetry()  # type: ignore[assignment]
+    guard._telemetry = _NoTelemetry()  # type: ignore[assignment]
     return guard
 
 
