@@ -30,6 +30,7 @@ and the running counts of summarize calls, refusals and remedies applied.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import random
 import re
@@ -209,6 +210,7 @@ class Run:
     condition: str
     summarizer: str
     passes: list[Pass] = field(default_factory=list)
+    refused_regions: list[str] = field(default_factory=list)
 
 
 def tokens(window: Sequence[str]) -> int:
@@ -355,9 +357,20 @@ def runs(cfg: Config, conditions: Sequence[str] = CONDITIONS) -> Iterator[Run]:
             yield run(condition, mode, cfg)
 
 
-def run_langchain(mode: str, cfg: Config) -> Run:
+def _prompt_text(value: Any) -> str:
+    """The text of what a chat model is invoked with: a string, messages, or a prompt value."""
+    if hasattr(value, "to_messages"):
+        value = value.to_messages()
+    if isinstance(value, list):
+        return "\n".join(str(getattr(m, "content", m)) for m in value)
+    return str(value)
+
+
+def run_langchain(mode: str, cfg: Config, summary_model: Any = None) -> Run:
     """The `everything` condition through the real LangChain v1 middleware in a `create_agent`
-    agent (adapters extra): scripted chat models, the same conversation and summarizer."""
+    agent (adapters extra): the same conversation, a scripted agent model, and as summarizer the
+    scripted `mode` one, or `summary_model`: any LangChain chat model you supply (a real LLM;
+    `--langchain-model`, never run in CI). `Run.refused_regions` lists every refused region."""
     from langchain.agents import create_agent
     from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
     from langchain_core.messages import AIMessage, HumanMessage
@@ -382,10 +395,10 @@ def run_langchain(mode: str, cfg: Config) -> Run:
 
     class Summarizing(GenericFakeChatModel):
         def invoke(self, value: Any, *args: Any, **kwargs: Any) -> AIMessage:  # type: ignore[override]
-            return AIMessage(summarizer([str(value)]))
+            return AIMessage(summarizer([_prompt_text(value)]))
 
     middleware = GuardedSummarizationMiddleware(
-        Summarizing(messages=iter(())),
+        summary_model if summary_model is not None else Summarizing(messages=iter(())),
         guard=guard,
         trigger=("tokens", int(cfg.trigger * cfg.budget)),
         keep=("messages", cfg.keep),
@@ -398,7 +411,10 @@ def run_langchain(mode: str, cfg: Config) -> Run:
         checkpointer=InMemorySaver(),
     )
     config: Any = {"configurable": {"thread_id": "fidelity"}}
-    result = Run("everything (LangChain)", mode)
+    name = (
+        "everything (LangChain)" if summary_model is None else "everything (LangChain, your model)"
+    )
+    result = Run(name, mode if summary_model is None else type(summary_model).__name__)
     state: dict[str, object] = {}
     refusals = cursor = 0
     for turn, message in enumerate(messages):
@@ -409,6 +425,7 @@ def run_langchain(mode: str, cfg: Config) -> Run:
         if not decided:
             continue
         refusals += sum(1 for d, _ in decided if d.effect == "deny")
+        result.refused_regions += [d.region_id for d, _ in decided if d.effect == "deny"]
         window = [str(m.content) for m in state["messages"]]  # type: ignore[attr-defined]
         recall, wrong = probe(window, facts, _behind(guard, window))
         result.passes.append(
@@ -418,12 +435,73 @@ def run_langchain(mode: str, cfg: Config) -> Run:
                 wrong,
                 max(seen[cursor:]),
                 cfg.budget,
-                summarizer.calls,
+                summarizer.calls if summary_model is None else len(result.passes) + 1,
                 refusals,
                 refusals,
             )
         )
         cursor = len(seen)
+    guard.close()
+    return result
+
+
+def run_langmem(mode: str, cfg: Config) -> Run:
+    """The `everything` condition through policyhook's langmem `summarize_messages` (adapters
+    extra): a running summary extended whenever the messages pass the trigger."""
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+
+    from policyhook.adapters.langmem import summarize_messages
+
+    facts, messages = transcript(cfg.seed, cfg.facts, cfg.turns, cfg.turn_chars)
+    summarizer = Summarizer(mode, facts, cfg.seed, cfg.p)
+    guard = _guard("everything")
+    assert guard is not None
+
+    class Summarizing(GenericFakeChatModel):
+        def invoke(self, value: Any, *args: Any, **kwargs: Any) -> AIMessage:  # type: ignore[override]
+            return AIMessage(summarizer([_prompt_text(value)]))
+
+    model = Summarizing(messages=iter(()))
+    result = Run("everything (langmem)", mode)
+    history: list[AnyMessage] = []
+    running = None
+    refusals = 0
+    for turn, message in enumerate(messages):
+        if turn > cfg.retention:
+            guard.store.evict(f"langmem:m{turn - cfg.retention}")
+        history.append(HumanMessage(message.text, id=f"m{turn}"))
+        with capture_decisions(guard) as decided:
+            out = summarize_messages(
+                history,
+                running_summary=running,
+                model=model,
+                guard=guard,
+                window="fidelity",
+                max_tokens=cfg.budget,
+                max_tokens_before_summary=int(cfg.trigger * cfg.budget),
+                max_summary_tokens=cfg.budget // 4,
+                token_counter=lambda ms: tokens([str(m.content) for m in ms]),
+            )
+        running = out.running_summary
+        if not decided:
+            continue
+        refusals += sum(1 for d, _ in decided if d.effect == "deny")
+        result.refused_regions += [d.region_id for d, _ in decided if d.effect == "deny"]
+        window = [str(m.content) for m in out.messages]
+        recall, wrong = probe(window, facts, _behind(guard, window))
+        result.passes.append(
+            Pass(
+                len(result.passes) + 1,
+                recall,
+                wrong,
+                tokens(window),
+                cfg.budget,
+                summarizer.calls,
+                refusals,
+                refusals,
+            )
+        )
     guard.close()
     return result
 
@@ -483,11 +561,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=Config.seed)
     parser.add_argument("--json", type=Path, help="write every pass of every run here")
     parser.add_argument("--plot", type=Path, help="write the PNG plot here (the `bench` extra)")
+    parser.add_argument(
+        "--langchain-model",
+        metavar="MODULE:FACTORY",
+        help="also run the LangChain condition with the chat model FACTORY() returns (a real "
+        "LLM as summarizer, e.g. mypkg.models:summarizer); not run in CI",
+    )
     args = parser.parse_args(argv)
     cfg = Config(seed=args.seed, turns=60 if args.quick else Config.turns)
     results = list(runs(cfg))
     try:
         results.append(run_langchain("confabulating", cfg))
+        results.append(run_langmem("confabulating", cfg))
+        if args.langchain_model:
+            module, _, factory = args.langchain_model.partition(":")
+            model = getattr(importlib.import_module(module), factory)()
+            results.append(run_langchain("confabulating", cfg, summary_model=model))
     except ImportError as missing:  # the adapters extra is not installed
         print(f"(no LangChain run: {missing})", file=sys.stderr)
     print(table(results))

@@ -87,6 +87,28 @@ class TestWhatTheGateSaves:
         assert wrong(run) == 0
         assert min(p.recall for p in run.passes) >= 0.95
         assert max(p.tokens for p in run.passes) <= QUICK.budget
+        assert len(run.refused_regions) == len(set(run.refused_regions))  # never the same twice
+
+    def test_through_the_real_langmem_summarize_messages(self) -> None:
+        """And through langmem's running summary: max_tokens holds, no fact lost or changed."""
+        pytest.importorskip("langmem")
+        run = fidelity.run_langmem("confabulating", QUICK)
+        assert run.passes and run.passes[-1].refusals > 0
+        assert wrong(run) == 0
+        assert min(p.recall for p in run.passes) >= 0.95
+        assert max(p.tokens for p in run.passes) <= QUICK.budget
+        assert len(run.refused_regions) == len(set(run.refused_regions))
+
+    def test_a_chat_model_of_your_own_can_summarize(self) -> None:
+        """--langchain-model: any chat model takes the summarizer's place (here a scripted one
+        that states a value no source states: grounding refuses it, the remedy pins instead)."""
+        pytest.importorskip("langchain.agents")
+        from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+        model = FakeListChatModel(responses=["Summary: retry_ceiling_0: 99."] * 200)
+        run = fidelity.run_langchain("confabulating", QUICK, summary_model=model)
+        assert run.condition == "everything (LangChain, your model)"
+        assert run.passes and wrong(run) == 0 and run.passes[-1].refusals > 0
 
 
 def test_report_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,9 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 from policyhook import _shapes
-from policyhook.provenance import Region, text_id
+from policyhook.provenance import UNREGISTERED, Region, text_id
 
-__all__ = ["MESSAGE_KINDS", "message_kind", "message_text", "untraced_summary"]
+__all__ = ["MESSAGE_KINDS", "known", "message_kind", "message_text", "untraced_summary"]
 
 #: Source kind recorded for each LangChain message type (`message.type`).
 MESSAGE_KINDS = {
@@ -59,3 +59,9 @@ def untraced_summary(text: str) -> Region:
         chars=len(text),
         text=text,
     )
+
+
+def known(region: Region) -> bool:
+    """Whether the guard accounts for all of a summary message's text: a summary it recorded, or
+    recorded evidence (a remedy's pointer). Anything else is treated as an untraced summary."""
+    return region.depth > 0 or UNREGISTERED not in region.source_kinds

@@ -39,10 +39,10 @@ from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage
 from langchain_core.tools import BaseTool, StructuredTool
 from langgraph.runtime import Runtime
 
-from policyhook.adapters import message_kind, message_text, untraced_summary
+from policyhook.adapters import known, message_kind, message_text, untraced_summary
 from policyhook.errors import UnsafeRecompactionError
 from policyhook.hook import Guard, GuardedCall, Request, current_request, request
-from policyhook.provenance import UNREGISTERED, Region, content_of
+from policyhook.provenance import Region, content_of
 
 __all__ = ["GuardedSummarizationMiddleware"]
 
@@ -216,7 +216,7 @@ class GuardedSummarizationMiddleware(SummarizationMiddleware[Any, Any]):
                 continue
             prefix = self._summary_prefix
             body = text[len(prefix) :] if prefix and text.startswith(prefix) else text
-            if _known(self.guard.provenance(body, window)):
+            if known(self.guard.provenance(body, window)):
                 value.append(body)  # a summary the guard recorded, or a remedy's pointer
             else:
                 value.append(untraced_summary(body))
@@ -279,12 +279,6 @@ class GuardedSummarizationMiddleware(SummarizationMiddleware[Any, Any]):
             "policyhook: summarization refused, the agent keeps its messages unsummarized: %s",
             refusal,
         )
-
-
-def _known(region: Region) -> bool:
-    """Whether the guard knows all of a text: a summary it recorded, or recorded evidence (such
-    as a remedy's pointer). Anything it cannot account for is treated as an untraced summary."""
-    return region.depth > 0 or UNREGISTERED not in region.source_kinds
 
 
 def retrieval_tool(guard: Guard) -> BaseTool:

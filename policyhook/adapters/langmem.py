@@ -38,7 +38,7 @@ from langmem.short_term.summarization import (  # type: ignore[import-untyped]
     SummarizationResult,
 )
 
-from policyhook.adapters import message_kind, message_text, untraced_summary
+from policyhook.adapters import known, message_kind, message_text, untraced_summary
 from policyhook.errors import UnsafeRecompactionError
 from policyhook.hook import Guard, GuardedCall, Request, current_request
 from policyhook.provenance import Region, content_of
@@ -237,8 +237,7 @@ def _provenance(
     value: list[str | Region] = []
     if running_summary is not None:
         text = _text(running_summary.summary)
-        known = guard.provenance(text, window).depth > 0
-        value.append(text if known else untraced_summary(text))
+        value.append(text if known(guard.provenance(text, window)) else untraced_summary(text))
     done = running_summary.summarized_message_ids if running_summary is not None else set()
     folded = dry.running_summary.summarized_message_ids - done if dry.running_summary else set()
     for message in messages:
@@ -251,9 +250,23 @@ def _provenance(
 
 
 def _recorded(call: GuardedCall, result: SummarizationResult) -> SummarizationResult:
-    """Record langmem's new running summary; the result is returned as langmem made it."""
-    call.record(_text(result.running_summary.summary) if result.running_summary else "")
-    return result
+    """Record langmem's new running summary, and use what the guard says to use: the summary
+    with any remedy pointer it lost carried back (in the running summary and its message)."""
+    if result.running_summary is None:
+        call.record("")
+        return result
+    made = _text(result.running_summary.summary)
+    kept = call.record(made)
+    if kept == made:
+        return result
+    running = replace(result.running_summary, summary=kept)
+    messages = [
+        m.model_copy(update={"content": str(m.content).replace(made, kept)})
+        if isinstance(m.content, str) and made in m.content
+        else m
+        for m in result.messages
+    ]
+    return SummarizationResult(messages=messages, running_summary=running)
 
 
 def _request(
