@@ -67,7 +67,7 @@ def _check(args: argparse.Namespace, out: TextIO) -> int:
 def _finite(value: Any, where: str) -> None:
     """Reject numbers no activation field can hold (1e400 reads as infinity, NaN)."""
     if isinstance(value, float) and not math.isfinite(value):
-        raise UsageError(f"{where}: {value} is not a finite number")
+        raise UsageError(f"{where or 'the document'}: {value} is not a finite number")
     if isinstance(value, Mapping):
         for key, item in value.items():
             _finite(item, f"{where}.{key}" if where else str(key))
@@ -96,7 +96,10 @@ def read_document(path: str) -> Any:
             raise UsageError(f"{where}: neither JSON nor YAML: {exc}") from None
     except RecursionError:
         raise UsageError(f"{path}: nested too deeply to be an activation") from None
-    _finite(document, "")
+    try:
+        _finite(document, "")
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc}") from None
     return document
 
 

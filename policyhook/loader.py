@@ -329,14 +329,13 @@ def _compile_file(
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         problem = getattr(exc, "problem", None) or str(exc)
+        line, column = (mark.line + 1, mark.column + 1) if mark else (None, None)
+        if isinstance(exc, yaml.reader.ReaderError):  # a character YAML refuses: by position
+            problem = f"character {exc.character!r} is not allowed in YAML"
+            line = text.count("\n", 0, exc.position) + 1
+            column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
         issues.append(
-            PolicyIssue(
-                file,
-                f"invalid YAML: {problem}",
-                line=mark.line + 1 if mark else None,
-                column=mark.column + 1 if mark else None,
-                code="yaml",
-            )
+            PolicyIssue(file, f"invalid YAML: {problem}", line=line, column=column, code="yaml")
         )
         return []
     policies = []
