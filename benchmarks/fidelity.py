@@ -212,6 +212,30 @@ class Run:
     passes: list[Pass] = field(default_factory=list)
     refused_regions: list[str] = field(default_factory=list)
 
+    def measure(
+        self,
+        window: Sequence[str],
+        facts: Sequence[Fact],
+        guard: Guard | None,
+        *,
+        tokens: int,
+        budget: int,
+        calls: int,
+        refusals: int,
+        remedies: int,
+    ) -> None:
+        """One more Pass: the window's recall (with what its pointers lead to) and wrong facts."""
+        recall, wrong = probe(window, facts, _behind(guard, window))
+        self.passes.append(
+            Pass(len(self.passes) + 1, recall, wrong, tokens, budget, calls, refusals, remedies)
+        )
+
+    def refused(self, decided: Sequence[tuple[Any, Any]]) -> int:
+        """Note the regions refused in `decided`; how many there were."""
+        regions = [d.region_id for d, _ in decided if d.effect == "deny"]
+        self.refused_regions += regions
+        return len(regions)
+
 
 def tokens(window: Sequence[str]) -> int:
     return sum(len(t) for t in window) // 4
@@ -278,18 +302,15 @@ def run(condition: str, mode: str, cfg: Config) -> Run:
             window = [text, *tail]
         except UnsafeRecompactionError:
             refusals += 1
-        recall, wrong = probe(window, facts, _behind(guard, window))
-        result.passes.append(
-            Pass(
-                len(result.passes) + 1,
-                recall,
-                wrong,
-                tokens(window),
-                cfg.budget,
-                summarizer.calls,
-                refusals,
-                remedied,
-            )
+        result.measure(
+            window,
+            facts,
+            guard,
+            tokens=tokens(window),
+            budget=cfg.budget,
+            calls=summarizer.calls,
+            refusals=refusals,
+            remedies=remedied,
         )
     if guard is not None:
         guard.close()
@@ -424,21 +445,16 @@ def run_langchain(mode: str, cfg: Config, summary_model: Any = None) -> Run:
             state = agent.invoke({"messages": [HumanMessage(message.text, id=f"m{turn}")]}, config)
         if not decided:
             continue
-        refusals += sum(1 for d, _ in decided if d.effect == "deny")
-        result.refused_regions += [d.region_id for d, _ in decided if d.effect == "deny"]
-        window = [str(m.content) for m in state["messages"]]  # type: ignore[attr-defined]
-        recall, wrong = probe(window, facts, _behind(guard, window))
-        result.passes.append(
-            Pass(
-                len(result.passes) + 1,
-                recall,
-                wrong,
-                max(seen[cursor:]),
-                cfg.budget,
-                summarizer.calls if summary_model is None else len(result.passes) + 1,
-                refusals,
-                refusals,
-            )
+        refusals += result.refused(decided)
+        result.measure(
+            [str(m.content) for m in state["messages"]],  # type: ignore[attr-defined]
+            facts,
+            guard,
+            tokens=max(seen[cursor:]),
+            budget=cfg.budget,
+            calls=summarizer.calls if summary_model is None else len(result.passes) + 1,
+            refusals=refusals,
+            remedies=refusals,
         )
         cursor = len(seen)
     guard.close()
@@ -486,21 +502,17 @@ def run_langmem(mode: str, cfg: Config) -> Run:
         running = out.running_summary
         if not decided:
             continue
-        refusals += sum(1 for d, _ in decided if d.effect == "deny")
-        result.refused_regions += [d.region_id for d, _ in decided if d.effect == "deny"]
+        refusals += result.refused(decided)
         window = [str(m.content) for m in out.messages]
-        recall, wrong = probe(window, facts, _behind(guard, window))
-        result.passes.append(
-            Pass(
-                len(result.passes) + 1,
-                recall,
-                wrong,
-                tokens(window),
-                cfg.budget,
-                summarizer.calls,
-                refusals,
-                refusals,
-            )
+        result.measure(
+            window,
+            facts,
+            guard,
+            tokens=tokens(window),
+            budget=cfg.budget,
+            calls=summarizer.calls,
+            refusals=refusals,
+            remedies=refusals,
         )
     guard.close()
     return result
