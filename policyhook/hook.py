@@ -17,7 +17,15 @@ import functools
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Collection,
+    Generator,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
@@ -493,24 +501,17 @@ class Guard:
         refusal is raised again, so the caller keeps its window and nothing is lost. Traced as a
         `policyhook.remedy` span and counted on `policyhook.remedies`.
         """
-        window = window or current_request().window
-        situation = self._situation(refusal, value, summarize is not None, budget_chars, window)
-        steps = remedies.plan(situation, self._offload)
-        with self._telemetry.remedying(refusal.decision, summarizer) as span:
-            answer: Any = None
-            try:
-                while True:
-                    step, texts = steps.send(answer)
-                    if step == "summarize":
-                        assert summarize is not None and texts is not None
-                        answer = "\n".join(_texts(summarize(texts)))
-                    else:
-                        answer = self._escalation().ask(refusal)
-            except StopIteration as done:
-                return self._remedied(done.value, situation, refusal, window, summarizer, span)
-            except Exception as error:
-                self._remedy_failed(refusal, error, summarizer, span)
-                raise refusal from error
+        can_summarize = summarize is not None
+        with self._remedying(
+            refusal, value, can_summarize, budget_chars, window, summarizer
+        ) as run:
+            for step, texts in run:
+                if step == "summarize":
+                    assert summarize is not None and texts is not None
+                    run.answer = "\n".join(_texts(summarize(texts)))
+                else:
+                    run.answer = self._escalation().ask(refusal)
+        return run.result()
 
     async def aremedy(
         self,
@@ -524,24 +525,17 @@ class Guard:
     ) -> Remedied:
         """`remedy` for async callers: `summarize` is awaited and an escalation never blocks the
         event loop. The same plan runs (`policyhook.remedies.plan`); only the driver differs."""
-        window = window or current_request().window
-        situation = self._situation(refusal, value, summarize is not None, budget_chars, window)
-        steps = remedies.plan(situation, self._offload)
-        with self._telemetry.remedying(refusal.decision, summarizer) as span:
-            answer: Any = None
-            try:
-                while True:
-                    step, texts = steps.send(answer)
-                    if step == "summarize":
-                        assert summarize is not None and texts is not None
-                        answer = "\n".join(_texts(await summarize(texts)))
-                    else:
-                        answer = await self._escalation().aask(refusal)
-            except StopIteration as done:
-                return self._remedied(done.value, situation, refusal, window, summarizer, span)
-            except Exception as error:
-                self._remedy_failed(refusal, error, summarizer, span)
-                raise refusal from error
+        can_summarize = summarize is not None
+        with self._remedying(
+            refusal, value, can_summarize, budget_chars, window, summarizer
+        ) as run:
+            for step, texts in run:
+                if step == "summarize":
+                    assert summarize is not None and texts is not None
+                    run.answer = "\n".join(_texts(await summarize(texts)))
+                else:
+                    run.answer = await self._escalation().aask(refusal)
+        return run.result()
 
     def retrieve(self, ref: str) -> list[str]:
         """The texts an offload archived under `ref`, exactly as they were.
@@ -554,6 +548,29 @@ class Guard:
                 f"no offloaded region {ref!r} in the store (evicted, expired or unknown)"
             )
         return remedies.unarchive(payload, ref)
+
+    @contextmanager
+    def _remedying(
+        self,
+        refusal: UnsafeRecompactionError,
+        value: Any,
+        can_summarize: bool,
+        budget_chars: int | None,
+        window: str | None,
+        summarizer: str,
+    ) -> Iterator[_RemedyRun]:
+        """One remedy run, traced: the driver answers its steps; a failure re-raises the refusal
+        (the caller keeps its window), a result is recorded and counted."""
+        window = window or current_request().window
+        situation = self._situation(refusal, value, can_summarize, budget_chars, window)
+        run = _RemedyRun(remedies.plan(situation, self._offload))
+        with self._telemetry.remedying(refusal.decision, summarizer) as span:
+            try:
+                yield run
+            except Exception as error:
+                self._remedy_failed(refusal, error, summarizer, span)
+                raise refusal from error
+            run.remedied = self._remedied(run.done(), situation, refusal, window, summarizer, span)
 
     def _situation(
         self,
@@ -919,6 +936,32 @@ def _spec(
         argument=argument,
         position=position,
     )
+
+
+class _RemedyRun:
+    """The steps of a remedy plan (`remedies.plan`) for a driver to answer: `remedy` answers
+    them synchronously, `aremedy` by awaiting; the plan itself is the same."""
+
+    def __init__(self, plan: Generator[remedies.Step, Any, Remedied]) -> None:
+        self._plan = plan
+        self._done: Remedied | None = None
+        self.answer: Any = None
+        self.remedied: Remedied | None = None
+
+    def __iter__(self) -> Iterator[remedies.Step]:
+        try:
+            while True:
+                yield self._plan.send(self.answer)
+        except StopIteration as stop:
+            self._done = stop.value
+
+    def done(self) -> Remedied:
+        assert self._done is not None, "the plan was not run to its end"
+        return self._done
+
+    def result(self) -> Remedied:
+        assert self.remedied is not None, "the remedy was not recorded"
+        return self.remedied
 
 
 def _with_input(
