@@ -436,7 +436,7 @@ def run_langchain(mode: str, cfg: Config, summary_model: Any = None) -> Run:
         "everything (LangChain)" if summary_model is None else "everything (LangChain, your model)"
     )
     result = Run(name, mode if summary_model is None else type(summary_model).__name__)
-    state: dict[str, object] = {}
+    state: dict[str, Any] = {}
     refusals = cursor = 0
     for turn, message in enumerate(messages):
         if turn > cfg.retention:
@@ -447,7 +447,7 @@ def run_langchain(mode: str, cfg: Config, summary_model: Any = None) -> Run:
             continue
         refusals += result.refused(decided)
         result.measure(
-            [str(m.content) for m in state["messages"]],  # type: ignore[attr-defined]
+            [str(m.content) for m in state["messages"]],
             facts,
             guard,
             tokens=max(seen[cursor:]),

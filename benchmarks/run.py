@@ -13,6 +13,7 @@ better than the absolute numbers do.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import io
 import itertools
@@ -258,8 +259,8 @@ def bench_engine(report: Report, backends: list[cel.Backend], repeat: int) -> di
         raw_stats = measure(raw, n)
         fair_stats = measure(fair, n)
         engine[f"{backend.name}/fair"] = fair_stats.median
-        decide = measure(lambda p=policies: p.decide(allow), n)
-        refuse = measure(lambda p=policies: p.decide(deny), n)
+        decide = measure(functools.partial(policies.decide, allow), n)
+        refuse = measure(functools.partial(policies.decide, deny), n)
         engine[backend.name] = decide.median
         engine[f"{backend.name}/raw"] = raw_stats.median
         for label, stats in (
@@ -650,7 +651,7 @@ def bench_loop(report: Report, engine: Mapping[str, float], quick: bool) -> None
             outputs = iter([f"output {i}: " + words(rng, 500) for i in range(calls)])
             summarize = guard(lambda messages, it=outputs: next(it), summarizer="bench")
 
-            def step(
+            def shared_step(
                 i: int, texts: list[str] = texts, summarize: Any = summarize
             ) -> Callable[[], object]:
                 value = [f"new turn {i}: " + texts[(i * 7) % 1000] + " and more words after"]
@@ -659,7 +660,7 @@ def bench_loop(report: Report, engine: Mapping[str, float], quick: bool) -> None
             label = (
                 "1,000 sources sharing a 200-char header" if shared else "1,000 distinct sources"
             )
-            row(f"{label}, one embedded per call", _loop(guard, calls, step),
+            row(f"{label}, one embedded per call", _loop(guard, calls, shared_step),
                 f"prefix/{'shared' if shared else 'distinct'}")  # fmt: skip
     report.table(
         "Agent loop: every call a new turn and a new summary (fast backend, telemetry stubbed)",
@@ -709,8 +710,8 @@ def bench_loop(report: Report, engine: Mapping[str, float], quick: bool) -> None
         from policyhook.provenance import Source
 
         ids = [f"src-{i}" for i in range(0, total, total // 1000)][:1000]
-        for i in ids:
-            memory.put_source(Source(i, "tool_output"), f"text {i}")
+        for source_id in ids:
+            memory.put_source(Source(source_id, "tool_output"), f"text {source_id}")
         reps = 200 if quick else 1000
         sql = measure(lambda: store.live(ids), reps)
         mem = measure(lambda: memory.live(ids), reps)
@@ -840,8 +841,8 @@ def bench_liveness(report: Report, quick: bool) -> None:
             per_lookup = len(statements)
             assert len(live) == len([i for i in ids if int(i[4:]) < 1000])
             reps = 200 if quick else 1000
-            sql = measure(lambda s=ids: store.live(s), reps)
-            mem = measure(lambda s=ids: memory.live(s), reps)
+            sql = measure(functools.partial(store.live, ids), reps)
+            mem = measure(functools.partial(memory.live, ids), reps)
             guard = Guard(load(DEFAULT_POLICY), store=store)
             region = Region("s:bench", depth=1, sources=frozenset(ids))
             with quiet_logs():
@@ -849,7 +850,7 @@ def bench_liveness(report: Report, quick: bool) -> None:
                 statements.clear()
                 guard.check(region, summarizer="bench")
             per_decision = len(statements)
-            data[n] = {"sqlite_ns": sql.median, "memory_ns": mem.median,
+            data[str(n)] = {"sqlite_ns": sql.median, "memory_ns": mem.median,
                        "sql_per_lookup": per_lookup, "sql_per_decision": per_decision}  # fmt: skip
             rows.append(
                 [f"{n:,}", us(sql.median), us(sql.p99), us(mem.median), str(per_lookup),

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar, cast, overload
+from typing import Any, ParamSpec, TypeVar, cast, overload
 
 from policyhook import _shapes, grounding, remedies
 from policyhook import activation as schema
@@ -47,7 +47,10 @@ from policyhook.telemetry import MeterProvider, Span, Telemetry, TracerProvider
 
 _logger = logging.getLogger(__name__)
 
-F = TypeVar("F", bound=Callable[..., Any])
+#: The guarded function's parameters and result: `guard(fn)` has fn's own signature, and a
+#: lambda (`guard(lambda text: ...)`) gets a typed one, callable from strictly typed code.
+P = ParamSpec("P")
+R = TypeVar("R")
 T = TypeVar("T")
 #: The largest CEL int: request fields and token counts beyond it are refused at the call.
 INT64_MAX = 2**63 - 1
@@ -364,7 +367,7 @@ class Guard:
     @overload
     def __call__(
         self,
-        fn: F,
+        fn: Callable[P, R],
         *,
         summarizer: str | None = None,
         lossless: bool = False,
@@ -373,7 +376,7 @@ class Guard:
         extractor: Callable[..., Any] | None = None,
         remedy: bool = False,
         budget_chars: int | None = None,
-    ) -> F: ...
+    ) -> Callable[P, R]: ...
 
     @overload
     def __call__(
@@ -387,11 +390,11 @@ class Guard:
         extractor: Callable[..., Any] | None = None,
         remedy: bool = False,
         budget_chars: int | None = None,
-    ) -> Callable[[F], F]: ...
+    ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
     def __call__(
         self,
-        fn: F | None = None,
+        fn: Callable[P, R] | None = None,
         *,
         summarizer: str | None = None,
         lossless: bool = False,
@@ -400,7 +403,7 @@ class Guard:
         extractor: Callable[..., Any] | None = None,
         remedy: bool = False,
         budget_chars: int | None = None,
-    ) -> F | Callable[[F], F]:
+    ) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
         """Guard a summarize function (sync or async, plain or method), through `guarding`.
 
         `summarizer` names it in policies and telemetry (default: the function's qualified name);
@@ -417,7 +420,7 @@ class Guard:
         if trigger not in schema.TRIGGERS:
             raise ValueError(f'"trigger" must be automatic or manual: {trigger!r}')
 
-        def decorate(fn: F) -> F:
+        def decorate(fn: Callable[P, R]) -> Callable[P, R]:
             spec = _spec(fn, summarizer, lossless, idempotent, trigger, extractor)
 
             @contextmanager
@@ -454,7 +457,7 @@ class Guard:
                         )
                         return remedied.text
 
-                return cast(F, guarded_async)
+                return cast(Callable[P, R], guarded_async)
 
             def summarize_sync(*args: Any, **kwargs: Any) -> Any:
                 with call(args, kwargs) as guarded:
@@ -476,7 +479,7 @@ class Guard:
                     )
                     return remedied.text
 
-            return cast(F, guarded_sync)
+            return cast(Callable[P, R], guarded_sync)
 
         return decorate(fn) if fn is not None else decorate
 

@@ -9,6 +9,7 @@ pass by skipping what it was meant to run.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import pwd
@@ -389,19 +390,19 @@ def redis_cluster(size: int = 3) -> list[Restartable]:
             node.stop()
         pytest.fail(f"redis-cli --cluster create failed:\n{done.stdout}\n{done.stderr}")
     for node in nodes:
-        port = node.url.rsplit(":", 1)[1].split("/")[0]
+        node_port = node.url.rsplit(":", 1)[1].split("/")[0]
         wait_for(
             f"{node.name} in a cluster with every slot served",
-            lambda port=port: (
-                b"cluster_state:ok"
-                in subprocess.run(
-                    [str(cli), "-p", port, "cluster", "info"], capture_output=True, timeout=10
-                ).stdout
-            ),
+            functools.partial(_cluster_ok, cli, node_port),
             timeout=30,
             explain=node.log_tail,
         )
     return nodes
+
+
+def _cluster_ok(cli: Path, port: str) -> bool:
+    info = [str(cli), "-p", port, "cluster", "info"]
+    return b"cluster_state:ok" in subprocess.run(info, capture_output=True, timeout=10).stdout
 
 
 def _port_free(port: int) -> bool:

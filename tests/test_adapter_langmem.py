@@ -16,7 +16,7 @@ from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
-from langmem.short_term import RunningSummary
+from langmem.short_term import RunningSummary  # type: ignore[import-untyped]
 from langmem.short_term import summarize_messages as langmem_summarize
 
 from policyhook import Guard, UnsafeRecompactionError, remedies
@@ -233,12 +233,12 @@ def test_guarded_summarization_node_in_a_graph() -> None:
     graph.add_node("summarize", node)
     graph.add_edge(START, "summarize")
     app = graph.compile()
-    turns = [HumanMessage(f"t{i}", id=f"t{i}") for i in range(4)]
+    turns: list[AnyMessage] = [HumanMessage(f"t{i}", id=f"t{i}") for i in range(4)]
     with capture_decisions(guard) as seen:
         first = app.invoke({"messages": turns})
         for source, _ in guard.store.sources(100):
             guard.store.evict(source.id)
-        more = [HumanMessage(f"u{i}", id=f"u{i}") for i in range(4)]
+        more: list[AnyMessage] = [HumanMessage(f"u{i}", id=f"u{i}") for i in range(4)]
         second = app.invoke({"messages": turns + more, "context": first["context"]})
     assert [d.effect for d, _ in seen] == ["allow", "deny"]
     assert second["context"]["running_summary"] is first["context"]["running_summary"]

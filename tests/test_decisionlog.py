@@ -24,7 +24,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext
 import policyhook
 from policyhook import decisionlog
 from policyhook.decisionlog import FORMAT_VERSION, DecisionLog
-from policyhook.policy import Decision
+from policyhook.policy import Decision, Effect, Mode
 
 RECORD_KEYS = {
     "v",
@@ -48,7 +48,7 @@ ACTIVATION = {
 }
 
 
-def decision(n: int, effect: str = "deny") -> Decision:
+def decision(n: int, effect: Effect = Effect.DENY) -> Decision:
     return Decision(
         decision_id=f"{n:032x}",
         effect=effect,
@@ -59,7 +59,7 @@ def decision(n: int, effect: str = "deny") -> Decision:
         policy="default",
         rule="live-sources",
         message="re-summarizing a summary whose sources are gone " + "x" * 2000,  # > pipe buffer
-        mode="enforce",
+        mode=Mode.ENFORCE,
     )
 
 

@@ -144,7 +144,7 @@ class TestOutputPolicies:
     def test_no_output_policy_no_check(self) -> None:
         """Without output-phase policies the output is not looked at."""
         only_input = compile_sources([("d.yaml", load_default_text().split("\n---\n")[0])])
-        guard = Guard(only_input)  # type: ignore[arg-type]
+        guard = Guard(only_input)
         with guard.guarding(["x"], summarizer="s") as call:
             assert call.record("retries capped at 5") == "retries capped at 5"
         assert call.grounding is None

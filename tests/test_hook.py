@@ -6,7 +6,7 @@ import asyncio
 import io
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ spec:
 """
 
 
-def counting(outputs: list[str]) -> tuple[Any, list[Any]]:
+def counting(outputs: list[str]) -> tuple[Callable[[Any], str], list[Any]]:
     calls: list[Any] = []
 
     def summarize(text: Any) -> str:
@@ -97,13 +97,14 @@ class TestWrapping:
         def summarize(text: str, style: str) -> str:
             return f"a {style} summary of {len(text)} characters"
 
-        for fn, name in [
+        cases: list[tuple[Callable[[str], str], str]] = [
             (
                 Summarizer(),
                 "TestWrapping.test_callable_objects_are_named_after_their_type.<locals>.Summarizer",
             ),
             (functools.partial(summarize, style="short"), "partial"),
-        ]:
+        ]
+        for fn, name in cases:
             assert not hasattr(fn, "__qualname__")
             guarded = guard(fn)
             with capture_decisions(guard) as seen:

@@ -443,7 +443,7 @@ class TestStoreDownFailsClosed:
         assert region.region.source_kinds == {"unverifiable"}
         assert "store unreachable" in caplog.text and "127.0.0.1:1" in caplog.text
         cached = guard.ledger.resolve([known], "w").region
-        assert (cached.depth, cached.sources) == (1, {"cfg"})
+        assert (cached.depth, cached.sources) == (1, frozenset({"cfg"}))
         store.down = False
         assert (
             guard.ledger.resolve(["a message never seen before, maybe a summary"], "w").region.depth

@@ -70,6 +70,16 @@ class TestOffloadPayload:
         assert "- retry_ceiling: 7 [cfg-42]" in text
 
 
+def hanging(release: threading.Event) -> remedies.Handler:
+    """A handler that gives no answer until `release` is set (then none either)."""
+
+    def handler(refusal: object) -> str | None:
+        release.wait()
+        return None
+
+    return handler
+
+
 class TestEscalation:
     def test_an_answer_is_returned(self) -> None:
         """A handler's answer comes back with no reason."""
@@ -79,7 +89,7 @@ class TestEscalation:
         """A hanging handler costs at most timeout x attempts, then there is no answer."""
         release = threading.Event()
         started = time.monotonic()
-        answer, reason = Escalation(lambda r: release.wait(), timeout=0.05, attempts=2).ask(None)
+        answer, reason = Escalation(hanging(release), timeout=0.05, attempts=2).ask(None)
         release.set()
         assert answer is None and "attempt 2: no answer within 0.05s" in reason
         assert time.monotonic() - started < 5
@@ -123,7 +133,7 @@ class TestEscalation:
                     ticks += 1
 
             ticker = asyncio.create_task(tick())
-            answer, _ = await Escalation(lambda r: release.wait(), timeout=0.2).aask(None)
+            answer, _ = await Escalation(hanging(release), timeout=0.2).aask(None)
             release.set()
             await ticker
             assert answer is None and ticks == 5  # the loop ran while the handler hung
@@ -361,7 +371,7 @@ class TestEscalate:
     def test_no_answer_in_time_runs_the_fallback(self) -> None:
         """A hanging handler is bounded; the configured fallback runs and says why."""
         release = threading.Event()
-        escalation = Escalation(lambda r: release.wait(), timeout=0.05, fallback="offload")
+        escalation = Escalation(hanging(release), timeout=0.05, fallback="offload")
         guard = policyhook.Guard(escalation=escalation)
         result = guard.remedy(_refusal(guard, "escalate"), ["text"])
         release.set()

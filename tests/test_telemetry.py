@@ -19,7 +19,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
@@ -141,7 +141,7 @@ class Otel:
     def total(self, metric: str, **attributes: str) -> float:
         """Counter sum, or histogram count, over the points whose attributes include these."""
         return sum(
-            getattr(p, "value", None) if hasattr(p, "value") else p.count
+            float(p.value if hasattr(p, "value") else p.count)
             for a, p in self.points(metric)
             if attributes.items() <= a.items()
         )
@@ -316,7 +316,7 @@ class TestSpans:
         assert span.status.status_code == StatusCode.ERROR
         (event,) = span.events
         assert event.name == "exception"
-        assert (event.attributes or {})["exception.type"].endswith("UnsafeRecompactionError")
+        assert str((event.attributes or {})["exception.type"]).endswith("UnsafeRecompactionError")
         assert not [s for s in telemetry.spans(SUMMARIZE_SPAN_NAME) if s.parent == span.context]
         records = [r for _, r in decisionlog.read(tmp_path / "decisions.jsonl")]
         assert records[-1]["decision_id"] == refused.value.decision_id
@@ -529,13 +529,20 @@ class TestContent:
         return log.read_text().splitlines()
 
     def telemetry_strings(self, telemetry: Otel) -> list[str]:
+        def pairs(attributes: Mapping[str, object] | None) -> list[str]:
+            """key=value, bytes decoded: text is searched for as it was written."""
+            return [
+                f"{k}={v.decode('utf-8', 'replace') if isinstance(v, bytes) else v}"
+                for k, v in (attributes or {}).items()
+            ]
+
         strings = []
         for span in telemetry.spans_out.get_finished_spans():
             strings += [span.name, str(span.status.description)]
-            strings += [f"{k}={v}" for k, v in (span.attributes or {}).items()]
+            strings += pairs(span.attributes)
             for event in span.events:
-                strings += [f"{k}={v}" for k, v in (event.attributes or {}).items()]
-            strings += [f"{k}={v}" for k, v in span.resource.attributes.items()]
+                strings += pairs(event.attributes)
+            strings += pairs(span.resource.attributes)
         for metric in (DECISIONS, DECISION_DURATION, REGION_DEPTH):
             strings += [json.dumps(a) for a, _ in telemetry.points(metric)]
         return strings
@@ -696,7 +703,7 @@ class MeterProviderOf(metrics.MeterProvider):
         return self.meter
 
 
-BROKEN = {
+BROKEN: dict[str, dict[str, Any]] = {
     "tracer-raises": {"tracer_provider": TracerProviderOf(RaisingTracer())},
     "span-raises": {"tracer_provider": TracerProviderOf(ExplodingSpanTracer())},
     "tracer-provider-raises": {"tracer_provider": TracerProviderOf(None)},

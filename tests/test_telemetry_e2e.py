@@ -33,6 +33,7 @@ from test_telemetry import summary_with_dead_sources as stale_summary
 import policyhook
 from policyhook import otel
 from policyhook.loader import compile_sources
+from policyhook.provenance import Entry
 from policyhook.telemetry import SPAN_NAME, SUMMARIZE_SPAN_NAME
 
 
@@ -187,8 +188,7 @@ class TestPrometheus:
             ]
         )
         summarizer(policyhook.Guard(policies, meter_provider=app.meter_provider))("a turn")
-        full = policyhook.MemoryStore()
-        full.put_summary = _disk_full  # type: ignore[method-assign]
+        full = _DiskFull()
         summarizer(policyhook.Guard(store=full, meter_provider=app.meter_provider))("a turn")
         folder = tmp_path / "policies"
         folder.mkdir()
@@ -400,5 +400,8 @@ class TestCollectorDown:
         assert "did not finish within 1.0s" in caplog.text
 
 
-def _disk_full(*args: object) -> None:
-    raise OSError(28, "No space left on device")
+class _DiskFull(policyhook.MemoryStore):
+    """A store whose disk is full: every summary it is given fails to be written."""
+
+    def put_summary(self, entry: Entry, text: str) -> Entry:
+        raise OSError(28, "No space left on device")
