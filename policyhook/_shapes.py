@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 #: Nesting deeper than this is refused (a self-containing list would otherwise never end).
 MAX_NESTING = 100
@@ -80,6 +80,9 @@ OPAQUE_BLOCKS = frozenset(
 #: Document sources: text is read, binary and remote ones are skipped.
 _DOCUMENT_OPAQUE_SOURCES = frozenset({"base64", "url", "file"})
 
+#: Values that are never a message, block or list: refused where a part is expected.
+_SCALARS = (bytes, bytearray, int, float, set, frozenset)
+
 _HINT = "see docs/inputs.md, or pass extractor= to the guard"
 
 
@@ -110,53 +113,152 @@ def check_id(name: str, value: str) -> None:
 
 _ABSENT: Any = object()
 
+#: A part's position, rendered only for an error message: the root's name, or (parent, step)
+#: with an int step for a list index and a str step for a field.
+_Path = str | tuple[Any, int | str]
 
-def _lookup(value: Any) -> Callable[[str], Any]:
-    """A field reader for a dict or an object, giving `_ABSENT` for a field it does not have.
+
+def _where(path: _Path) -> str:
+    steps: list[str] = []
+    while isinstance(path, tuple):
+        path, step = path
+        steps.append(f"[{step}]" if isinstance(step, int) else f".{step}")
+    return path + "".join(reversed(steps))
+
+
+#: A field reader: get(name, default=None) gives the field or `default` when the value lacks it.
+_Get = Callable[..., Any]
+
+
+def _getter(value: Any) -> _Get:
+    """A field reader for a dict or an object (`dict.get` itself for dicts, the common case).
 
     Pydantic models (LangChain messages, the SDKs' types) are read from their fields directly:
     asking one for an attribute it lacks goes through a slow `__getattr__` that raises.
     """
-    if isinstance(value, Mapping):
-        return lambda name: value.get(name, _ABSENT)
+    if type(value) is dict or isinstance(value, Mapping):
+        return value.get
     cls = type(value)
-    if isinstance(getattr(cls, "__pydantic_fields__", None), dict):
-        fields = value.__dict__
-        extra = getattr(value, "__pydantic_extra__", None) or {}
+    if not isinstance(getattr(cls, "__pydantic_fields__", None), dict):
+        return lambda name, default=None: getattr(value, name, default)
+    fields: dict[str, Any] = value.__dict__
+    extra = getattr(value, "__pydantic_extra__", None)
+    names = _class_names(cls)
+    if not extra and not names:
+        return fields.get  # every field we read is a plain field: the dict's own get
 
-        def get(name: str) -> Any:
-            if name in fields:
-                return fields[name]
-            if name in extra:
-                return extra[name]
-            return getattr(value, name, _ABSENT) if name in _class_names(cls) else _ABSENT
+    def get(name: str, default: Any = None) -> Any:
+        found = fields.get(name, _ABSENT)
+        if found is _ABSENT and extra:
+            found = extra.get(name, _ABSENT)
+        if found is _ABSENT:
+            return getattr(value, name, default) if name in names else default
+        return found
 
-        return get
-    return lambda name: getattr(value, name, _ABSENT)
+    return get
 
 
 _CLASS_NAMES: dict[type, frozenset[str]] = {}
 
 
 def _class_names(cls: type) -> frozenset[str]:
-    """Attributes a class provides (properties, methods): asking pydantic's metaclass is slow."""
+    """The names the reader asks for that a class provides itself (properties, methods), not as
+    fields: asking pydantic's metaclass is slow, so it is asked once per class."""
     names = _CLASS_NAMES.get(cls)
     if names is None:
-        names = _CLASS_NAMES[cls] = frozenset(dir(cls))
+        names = _CLASS_NAMES[cls] = frozenset(n for n in _FIELDS_READ if hasattr(cls, n))
     return names
 
 
-def _getter(value: Any) -> Callable[[str], Any]:
-    """A field reader giving None for a field the value does not have."""
-    return _or_none(_lookup(value))
+#: Every field name the reader asks of a value (so a class providing one of them itself, not as a
+#: field, is known once per class).
+_FIELDS_READ = frozenset(
+    {
+        *(name for fields in TEXT_BLOCKS.values() for name, _ in fields),
+        *CALL_BLOCKS.values(),
+        *RESULT_BLOCKS.values(),
+        *("type", "content", "role", "refusal", "audio", "transcript", "tool_calls"),
+        *("invalid_tool_calls", "function_call", "choices", "message", "text", "object"),
+        *("output", "page_content", "function", "custom", "name", "args", "input"),
+        *("arguments", "source", "data", "context"),
+    }
+)
 
 
-def _or_none(look: Callable[[str], Any]) -> Callable[[str], Any]:
-    def get(name: str) -> Any:
-        found = look(name)
-        return None if found is _ABSENT else found
+class _Plain(NamedTuple):
+    """What `_plain` reads of a common shape, straight from its fields."""
 
-    return get
+    text: str  # the field holding the text
+    kind: str | None  # the `type` it must have (None: a message, whose type is not a block's)
+    absent: tuple[str, ...] = ()  # fields that must be absent or None ...
+    empty: tuple[str, ...] = ()  # ... or absent, None or an empty list (of tool calls)
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset({self.text, "type", *self.absent, *self.empty})
+
+
+#: A message whose only readable part is its str content.
+_MESSAGE = _Plain(
+    "content", None, ("refusal", "audio", "function_call"), ("tool_calls", "invalid_tool_calls")
+)
+#: A text block: {"type": "text", "text": ...}.
+_TEXT_BLOCK = _Plain("text", "text")
+
+
+def _plain(value: Any, what: _Plain) -> str | None:
+    """The text of a plain message or text block (`what`), read straight from a dict's items or
+    a pydantic model's fields; None for anything else, which the general path reads (to the
+    same text for these shapes)."""
+    cls = type(value)
+    if cls is dict:
+        fields = value
+    elif _fields_suffice(cls, what) and not getattr(value, "__pydantic_extra__", None):
+        fields = value.__dict__
+    else:
+        return None
+    text = fields.get(what.text)
+    if type(text) is not str:
+        return None
+    kind = fields.get("type")
+    if what.kind is not None:
+        return text if kind == what.kind else None
+    if kind is not None and (not isinstance(kind, str) or _is_block(kind)):
+        return None
+    for field in what.absent:
+        if fields.get(field) is not None:
+            return None
+    for field in what.empty:
+        calls = fields.get(field)
+        if calls is not None and not (type(calls) is list and not calls):
+            return None
+    return text
+
+
+_FIELDS_SUFFICE: dict[tuple[type, str], bool] = {}
+
+
+def _fields_suffice(cls: type, what: _Plain) -> bool:
+    """A pydantic model class none of whose fields `what` reads is provided by the class itself
+    (a property or method): its `__dict__` is all there is to read of them."""
+    known = _FIELDS_SUFFICE.get((cls, what.text))
+    if known is None:
+        known = _FIELDS_SUFFICE[(cls, what.text)] = isinstance(
+            getattr(cls, "__pydantic_fields__", None), dict
+        ) and not (_class_names(cls) & what.names)
+    return known
+
+
+def _is_block(kind: str) -> bool:
+    """A content block type the general path reads as a block (not as a message)."""
+    return (
+        kind in TEXT_BLOCKS
+        or kind in CALL_BLOCKS
+        or kind in RESULT_BLOCKS
+        or kind == "document"
+        or kind in OPAQUE_BLOCKS
+        or kind.endswith("_error")
+    )
 
 
 def _shape(value: Any) -> str:
@@ -172,111 +274,129 @@ class _Reader:
 
     # -- units ------------------------------------------------------------------------------------
 
-    def top(self, value: Any, path: str, depth: int) -> None:
+    def top(self, value: Any, path: _Path, depth: int) -> None:
         """Outside any message: each element of a list is a unit of its own."""
         if isinstance(value, list | tuple):
             _nesting(path, depth)
+            units = self.units
             for i, item in enumerate(value):
-                if isinstance(item, str):  # the common case, kept cheap
-                    if item.strip():
-                        self.units.append(item)
-                else:
-                    self.top(item, f"{path}[{i}]", depth + 1)
+                text = item if type(item) is str else _plain(item, _MESSAGE)
+                if text is None:
+                    self.top(item, (path, i), depth + 1)
+                elif text.strip():  # the common cases, read without the general path
+                    units.append(text)
             return
         self.part(value, path, depth)
         self.flush()
 
     def flush(self) -> None:
-        pieces = [p for p in self.pieces if p.strip()]
-        if pieces:
-            self.units.append(pieces[0] if len(pieces) == 1 else "\n".join(pieces))
-        self.pieces, self.calls = [], set()
+        pieces = self.pieces
+        if len(pieces) == 1:
+            if pieces[0].strip():
+                self.units.append(pieces[0])
+        elif pieces:
+            kept = [p for p in pieces if p.strip()]
+            if kept:
+                self.units.append(kept[0] if len(kept) == 1 else "\n".join(kept))
+        if pieces or self.calls:
+            self.pieces, self.calls = [], set()
 
     # -- inside a unit ----------------------------------------------------------------------------
 
-    def part(self, value: Any, path: str, depth: int) -> None:
-        _nesting(path, depth)
-        if isinstance(value, str):
+    def part(self, value: Any, path: _Path, depth: int) -> None:
+        if depth > MAX_NESTING:
+            _nesting(path, depth)
+        cls = type(value)
+        if cls is str or isinstance(value, str):
             self.pieces.append(value)
             return
         if self.keep and isinstance(value, self.keep):
             self.flush()
             self.units.append(value)
             return
-        if isinstance(value, list | tuple):
+        if cls is list or cls is tuple or isinstance(value, list | tuple):
             for i, item in enumerate(value):
-                self.part(item, f"{path}[{i}]", depth + 1)
+                text = item if type(item) is str else _plain(item, _TEXT_BLOCK)
+                if text is None:
+                    self.part(item, (path, i), depth + 1)
+                else:  # the common cases, read without the general path
+                    self.pieces.append(text)
             return
-        if value is None or isinstance(value, bytes | bytearray | int | float | set | frozenset):
+        if cls is not dict and (value is None or isinstance(value, _SCALARS)):
             raise _unreadable(value, path)
-        look = _lookup(value)
-        get = _or_none(look)
+        get = _getter(value)
         kind = get("type")
         if isinstance(kind, str) and self.block(kind, get, path, depth):
             return
-        if look("content") is not _ABSENT or look("role") is not _ABSENT:
+        if get("content", _ABSENT) is not _ABSENT or get("role", _ABSENT) is not _ABSENT:
             self.message(get, path, depth)
         elif isinstance(get("choices"), list | tuple):  # an OpenAI chat completion
             for i, choice in enumerate(get("choices")):
-                self.choice(choice, f"{path}.choices[{i}]", depth + 1)
+                self.choice(choice, ((path, "choices"), i), depth + 1)
         elif get("object") == "response" and isinstance(get("output"), list | tuple):
-            self.part(get("output"), f"{path}.output", depth + 1)  # an OpenAI Responses response
+            self.part(get("output"), (path, "output"), depth + 1)  # an OpenAI Responses response
         elif isinstance(get("page_content"), str):  # a LangChain Document
             self.pieces.append(get("page_content"))
         elif isinstance(kind, str):
-            raise TypeError(f"{path}: unsupported block type {kind!r} ({_HINT})")
+            raise TypeError(f"{_where(path)}: unsupported block type {kind!r} ({_HINT})")
         else:
             raise _unreadable(value, path)
 
-    def message(self, get: Callable[[str], Any], path: str, depth: int) -> None:
+    def message(self, get: _Get, path: _Path, depth: int) -> None:
         """A chat message: its content, refusal, audio transcript and tool calls."""
-        for name in ("content", "refusal"):
-            value = get(name)
-            if value is not None:
-                self.part(value, f"{path}.{name}", depth + 1)
+        content = get("content")
+        if type(content) is str:  # the common case, kept cheap
+            self.pieces.append(content)
+        elif content is not None:
+            self.part(content, (path, "content"), depth + 1)
+        refusal = get("refusal")
+        if refusal is not None:
+            self.part(refusal, (path, "refusal"), depth + 1)
         audio = get("audio")
         if audio is not None:
-            self.optional_text(_getter(audio)("transcript"), f"{path}.audio.transcript")
+            self.optional_text(_getter(audio)("transcript"), ((path, "audio"), "transcript"))
         for name in ("tool_calls", "invalid_tool_calls"):
             calls = get(name)
             if calls is None:
                 continue
             if not isinstance(calls, list | tuple):
-                raise TypeError(f"{path}.{name}: expected a list of calls, got {_shape(calls)}")
+                raise TypeError(
+                    f"{_where((path, name))}: expected a list of calls, got {_shape(calls)}"
+                )
             for i, call in enumerate(calls):
-                self.tool_call(call, f"{path}.{name}[{i}]")
+                self.tool_call(call, ((path, name), i))
         legacy = get("function_call")  # OpenAI's pre-tools function calling
         if legacy is not None:
-            self.tool_call({"function": legacy}, f"{path}.function_call")
+            self.tool_call({"function": legacy}, (path, "function_call"))
 
-    def choice(self, choice: Any, path: str, depth: int) -> None:
+    def choice(self, choice: Any, path: _Path, depth: int) -> None:
         get = _getter(choice)
         if get("message") is not None:
-            self.part(get("message"), f"{path}.message", depth + 1)
+            self.part(get("message"), (path, "message"), depth + 1)
         elif isinstance(get("text"), str):  # legacy completions
             self.pieces.append(get("text"))
         else:
-            raise TypeError(f"{path}: a choice without 'message' or 'text' ({_HINT})")
+            raise TypeError(f"{_where(path)}: a choice without 'message' or 'text' ({_HINT})")
 
-    def tool_call(self, call: Any, path: str) -> None:
+    def tool_call(self, call: Any, path: _Path) -> None:
         """One entry of a message's tool_calls: OpenAI's (function / custom) or LangChain's."""
         if call is None or isinstance(call, str | bytes | int | float | list | tuple):
             raise _unreadable(call, path)
         get = _getter(call)
         if get("function") is not None:
             function = _getter(get("function"))
-            self.call(function("name"), function("arguments"), f"{path}.function.arguments")
+            self.call(function("name"), function("arguments"), ((path, "function"), "arguments"))
         elif get("custom") is not None:
             custom = _getter(get("custom"))
-            self.call(custom("name"), custom("input"), f"{path}.custom.input")
+            self.call(custom("name"), custom("input"), ((path, "custom"), "input"))
         else:
-            look = _lookup(call)
             field = next(
-                (f for f in ("args", "input", "arguments") if look(f) is not _ABSENT), "args"
+                (f for f in ("args", "input", "arguments") if get(f, _ABSENT) is not _ABSENT),
+                "args",
             )
-            self.call(get("name"), get(field), f"{path}.{field}")
+            self.call(get("name"), get(field), (path, field))
 
-    def block(self, kind: str, get: Callable[[str], Any], path: str, depth: int) -> bool:
+    def block(self, kind: str, get: _Get, path: _Path, depth: int) -> bool:
         """Read a content block of a known type; False if `kind` is not one."""
         if kind in TEXT_BLOCKS:
             for name, required in TEXT_BLOCKS[kind]:
@@ -284,45 +404,47 @@ class _Reader:
                 if isinstance(value, str):
                     self.pieces.append(value)
                 elif isinstance(value, list | tuple):  # reasoning summaries and content
-                    self.part(value, f"{path}.{name}", depth + 1)
+                    self.part(value, (path, name), depth + 1)
                 elif value is not None or required:
                     raise TypeError(
-                        f"{path}.{name}: a {kind!r} block needs a str {name!r}, got {_shape(value)}"
+                        f"{_where((path, name))}: a {kind!r} block needs a str {name!r}, got "
+                        f"{_shape(value)}"
                     )
         elif kind in CALL_BLOCKS:
             field = CALL_BLOCKS[kind]
-            self.call(get("name"), get(field), f"{path}.{field}")
+            self.call(get("name"), get(field), (path, field))
         elif kind in RESULT_BLOCKS:
             field = RESULT_BLOCKS[kind]
             if get(field) is not None:
-                self.part(get(field), f"{path}.{field}", depth + 1)
+                self.part(get(field), (path, field), depth + 1)
         elif kind == "document":
             self.document(get, path, depth)
         elif kind not in OPAQUE_BLOCKS and not kind.endswith("_error"):  # errors carry a code
             return False
         return True
 
-    def document(self, get: Callable[[str], Any], path: str, depth: int) -> None:
+    def document(self, get: _Get, path: _Path, depth: int) -> None:
         """Anthropic documents: plain-text and content sources are read, files are skipped."""
         source = get("source")
         if source is not None:
             source_get = _getter(source)
             kind = source_get("type")
+            at = (path, "source")
             if kind == "text":
-                self.optional_text(source_get("data"), f"{path}.source.data", required=True)
+                self.optional_text(source_get("data"), (at, "data"), required=True)
             elif kind == "content":
-                self.part(source_get("content"), f"{path}.source.content", depth + 1)
+                self.part(source_get("content"), (at, "content"), depth + 1)
             elif kind not in _DOCUMENT_OPAQUE_SOURCES:
-                raise TypeError(f"{path}.source: unsupported document source type {kind!r}")
-        self.optional_text(get("context"), f"{path}.context")
+                raise TypeError(f"{_where(at)}: unsupported document source type {kind!r}")
+        self.optional_text(get("context"), (path, "context"))
 
-    def optional_text(self, value: Any, path: str, *, required: bool = False) -> None:
+    def optional_text(self, value: Any, path: _Path, *, required: bool = False) -> None:
         if isinstance(value, str):
             self.pieces.append(value)
         elif value is not None or required:
-            raise TypeError(f"{path}: expected a str, got {_shape(value)}")
+            raise TypeError(f"{_where(path)}: expected a str, got {_shape(value)}")
 
-    def call(self, name: Any, args: Any, path: str) -> None:
+    def call(self, name: Any, args: Any, path: _Path) -> None:
         """A tool call as `[tool call] name(arguments)`, the form adapters archive.
 
         Arguments are rendered as JSON, which escapes newlines, quotes and non-ASCII: every str
@@ -350,33 +472,37 @@ class _Reader:
         self.pieces.extend(s for s in _strings(data) if s not in rendered)
 
 
-def _nesting(path: str, depth: int) -> None:
+def _nesting(path: _Path, depth: int) -> None:
     if depth > MAX_NESTING:
-        raise TypeError(f"{path[:200]}...: nested deeper than {MAX_NESTING} levels")
+        raise TypeError(f"{_where(path)[:200]}...: nested deeper than {MAX_NESTING} levels")
 
 
-def _unreadable(value: Any, path: str) -> TypeError:
+def _unreadable(value: Any, path: _Path) -> TypeError:
     return TypeError(
-        f"{path}: got {_shape(value)}; expected a str, a message (with 'content' or 'role'), a "
-        f"content block (with 'type'), a policyhook.Region or a list of those ({_HINT})"
+        f"{_where(path)}: got {_shape(value)}; expected a str, a message (with 'content' or "
+        f"'role'), a content block (with 'type'), a policyhook.Region or a list of those ({_HINT})"
     )
 
 
-def _check_json(value: Any, path: str) -> None:
+def _check_json(value: Any, path: _Path) -> None:
     """Tool arguments must be JSON data: anything else could hold text the guard cannot see."""
-    stack: list[tuple[Any, str, int]] = [(value, path, 0)]
+    stack: list[tuple[Any, _Path, int]] = [(value, path, 0)]
     while stack:
         item, where, depth = stack.pop()
         _nesting(where, depth)
         if isinstance(item, Mapping):
             for key, child in item.items():
                 if not isinstance(key, str):
-                    raise TypeError(f"{where}: tool argument keys must be str, got {_shape(key)}")
-                stack.append((child, f"{where}.{key}", depth + 1))
+                    raise TypeError(
+                        f"{_where(where)}: tool argument keys must be str, got {_shape(key)}"
+                    )
+                stack.append((child, (where, key), depth + 1))
         elif isinstance(item, list | tuple):
-            stack.extend((child, f"{where}[{i}]", depth + 1) for i, child in enumerate(item))
+            stack.extend((child, (where, i), depth + 1) for i, child in enumerate(item))
         elif not (item is None or isinstance(item, str | int | float | bool)):
-            raise TypeError(f"{where}: tool arguments must be JSON data, got {_shape(item)}")
+            raise TypeError(
+                f"{_where(where)}: tool arguments must be JSON data, got {_shape(item)}"
+            )
 
 
 def _strings(data: Any) -> list[str]:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anthropic.types as anth
@@ -241,6 +243,62 @@ class TestUnits:
             tool_calls=[{"name": "pytest", "args": {"k": 1}, "id": "c1"}],
         )
         assert _shapes.text(message) == '[tool call] pytest({"k": 1})'
+
+
+#: Near-misses of the shapes read without the general path (`_shapes._plain`): each must be read
+#: exactly as the general path reads it.
+NEAR_PLAIN: list[Any] = [
+    {"role": "user", "content": "x", "refusal": ""},
+    {"role": "user", "content": "x", "refusal": SUMMARY},
+    {"content": "x", "type": 5},
+    {"content": "x", "type": "text", "text": SUMMARY},
+    {"content": "x", "type": "tool_result"},
+    {"content": "x", "tool_calls": []},
+    {"content": "x", "tool_calls": [{"name": "n", "args": {"a": SUMMARY}}]},
+    {"content": "x", "function_call": {}},
+    {"content": "x", "audio": {"transcript": SUMMARY}},
+    {"content": " ", "role": "user"},
+    {"role": "user", "content": [{"type": "text", "text": "a", "cache_control": {}}, "b"]},
+    {"role": "user", "content": [{"type": "text", "text": 5}]},
+    {"role": "user", "content": [{"type": "thinking", "thinking": SUMMARY, "text": "x"}]},
+    HumanMessage("x", additional_kwargs={"refusal": SUMMARY}),
+    AIMessage("x", tool_calls=[{"name": "n", "args": {"a": SUMMARY}, "id": "c"}]),
+    AIMessage([{"type": "text", "text": "a"}, {"type": "text", "text": SUMMARY, "extras": {}}]),
+    {"role": "user", "content": [anth.TextBlock(type="text", text=SUMMARY)]},
+    openai_message("x", json.dumps({"note": SUMMARY})),
+    ChatCompletionMessage.model_validate({"role": "assistant", "content": "x", "refusal": "no"}),
+]
+
+
+class TestFastPaths:
+    @pytest.mark.parametrize(
+        "value",
+        [*NEAR_PLAIN, *(shape(SUMMARY) for shape in SHAPES.values())],
+        ids=[*(f"near-{i}" for i in range(len(NEAR_PLAIN))), *SHAPES.keys()],
+    )
+    def test_common_shapes_read_as_the_general_path_reads_them(
+        self, value: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Plain messages and text blocks are read straight from their fields, to the same units
+        (and the same errors) as the general path gives."""
+
+        def outcome() -> Any:
+            try:
+                return _shapes.read([value, "tail"], keep=(Region,))
+            except TypeError as error:
+                return str(error)
+
+        fast = outcome()
+        monkeypatch.setattr(_shapes, "_plain", lambda value, what: None)
+        assert fast == outcome()
+
+    def test_every_field_the_reader_asks_for_is_listed(self) -> None:
+        """A class providing a field the reader asks for as a property is found once per class
+        (`_FIELDS_READ`): a name missing from that list would be skipped on such classes."""
+        source = Path(_shapes.__file__).read_text()
+        asked = set(re.findall(r'\b(?:get|function|custom|source_get|\w+\(\w+\))\("(\w+)"', source))
+        asked |= {"args", "input", "arguments"}  # tool_call's fallback loop
+        assert asked - {"name"} and asked <= _shapes._FIELDS_READ, asked - _shapes._FIELDS_READ
 
 
 class TestRefusedShapes:
