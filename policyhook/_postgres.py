@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from policyhook.errors import StoreUnavailableError
-from policyhook.provenance import Entry, Region, Source, State
+from policyhook.provenance import Entry, FactRecord, Region, Source, State
 
 if TYPE_CHECKING:
     import psycopg
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 #: The schema version this code writes; older schemas are migrated on open (see `_MIGRATIONS`).
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 #: Writers of `entries` serialise on this advisory lock (per schema), so an entry's `seq` order is
 #: its commit order and `since` can never step over an entry that commits later.
@@ -62,6 +62,12 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE INDEX entries_id ON {s}.entries (id) WHERE depth > 0",
         "CREATE INDEX entries_window ON {s}.entries (win, seq) WHERE depth > 0",
         "CREATE TABLE {s}.windows (win bytea PRIMARY KEY, depth integer NOT NULL)",
+    ),
+    2: (
+        # Per-fact provenance of a summary: each fact with the ids of the sources stating it.
+        """CREATE TABLE {s}.facts (
+            summary bytea NOT NULL, fact bytea NOT NULL, sources bytea[] NOT NULL,
+            PRIMARY KEY (summary, fact))""",
     ),
 }
 
@@ -352,11 +358,13 @@ class PostgresStore:
         )
         return {_s(i): state for i, state in rows}
 
-    def put_summary(self, entry: Entry, text: str) -> Entry:
-        """Write `entry`, merged with the text's earlier record if any; the window's depth with it.
+    def put_summary(self, entry: Entry, text: str, facts: Sequence[FactRecord] = ()) -> Entry:
+        """Write `entry`, merged with the text's earlier record if any; the window's depth and
+        the per-fact provenance with it.
 
         One statement: a text recorded again keeps the union of both records' parents and
-        sources and the deeper depth (`Entry.merged`), so provenance only grows.
+        sources and the deeper depth (`Entry.merged`), and each fact the union of its sources,
+        so provenance only grows.
         """
         row = self._one(
             "put_summary",
@@ -378,12 +386,33 @@ class PostgresStore:
                 RETURNING {_ENTRY}),
             w AS (
                 INSERT INTO {{s}}.windows AS w (win, depth) SELECT e.win, e.depth FROM e
-                ON CONFLICT (win) DO UPDATE SET depth = greatest(w.depth, excluded.depth))
+                ON CONFLICT (win) DO UPDATE SET depth = greatest(w.depth, excluded.depth)),
+            f AS (
+                INSERT INTO {{s}}.facts AS f (summary, fact, sources)
+                SELECT e.id, k.fact, ARRAY(
+                    SELECT DISTINCT x.src FROM unnest(%(fact_of)s::int[], %(fact_src)s::bytea[])
+                    AS x(n, src) WHERE x.n = k.n ORDER BY 1)
+                FROM e, unnest(%(facts)s::bytea[]) WITH ORDINALITY AS k(fact, n)
+                ON CONFLICT (summary, fact) DO UPDATE SET sources = ARRAY(
+                    SELECT DISTINCT x FROM unnest(f.sources || excluded.sources) AS x ORDER BY x))
             SELECT * FROM e
             """,
-            {**_entry_params(entry, text), "lock": self._lock_key},
+            {**_entry_params(entry, text), **_fact_params(facts), "lock": self._lock_key},
         )
         return _entry(row)
+
+    def facts(self, summary_ids: Collection[str]) -> dict[str, list[FactRecord]]:
+        if not summary_ids:
+            return {}
+        rows = self._all(
+            "facts",
+            "SELECT f.summary, f.fact, f.sources FROM {s}.facts AS f WHERE f.summary = ANY(%s)",
+            ([_b(i) for i in summary_ids],),
+        )
+        out: dict[str, list[FactRecord]] = {}
+        for summary, fact, ids in rows:
+            out.setdefault(_s(summary), []).append((_s(fact), tuple(map(_s, ids))))
+        return out
 
     def lookup(self, digests: Collection[str]) -> dict[str, Entry]:
         if not digests:
@@ -510,6 +539,21 @@ def _entry_params(entry: Entry, text: str | None) -> dict[str, Any]:
         "kinds": [_b(k) for k in entry.source_kinds],
         "win": _b(entry.window),
         "stext": None if text is None else _b(text),
+    }
+
+
+def _fact_params(facts: Sequence[FactRecord]) -> dict[str, Any]:
+    """Facts as flat arrays (PostgreSQL arrays cannot be ragged): fact n's sources are the
+    `fact_src` whose `fact_of` is n (1-based). A fact given twice is given once (an upsert
+    cannot touch a row twice)."""
+    merged: dict[str, set[str]] = {}
+    for fact, ids in facts:
+        if ids:  # a fact no source states carries nothing
+            merged.setdefault(fact, set()).update(ids)
+    return {
+        "facts": [_b(f) for f in merged],
+        "fact_of": [n for n, ids in enumerate(merged.values(), 1) for _ in ids],
+        "fact_src": [_b(i) for ids in merged.values() for i in ids],
     }
 
 

@@ -23,10 +23,11 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from policyhook.errors import StoreUnavailableError
-from policyhook.provenance import Entry, Region, Source, State
+from policyhook.provenance import Entry, FactRecord, Region, Source, State
 
-#: The layout version this code writes, kept in `{ns}:meta`.
-SCHEMA_VERSION = 1
+#: The layout version this code writes, kept in `{ns}:meta`. 1: the store; 2: per-fact
+#: provenance (`facts:S` keys; nothing to convert, so migrating is raising the version).
+SCHEMA_VERSION = 2
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 # Keys (after the `{ns}:` prefix):
@@ -46,6 +47,7 @@ _NAMESPACE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 #   windows   hash   window -> deepest summary depth
 #   anchors   hash   anchor -> digests of the texts starting with it (32 hex chars each)
 #   win:W     zset   digest of a summary of window W -> seq
+#   facts:S   hash   netstring of a fact of summary S, then a source id stating it -> "1"
 
 _LIB = """
 -- Add `digest` (32 hex chars) to the digests listed under `anchor` in hash `key`.
@@ -165,8 +167,8 @@ return seq
 """
 )
 
-# KEYS: seq entries log links stext windows win anchors
-# ARGV: digest entry id links text window depth anchor expected
+# KEYS: seq entries log links stext windows win anchors facts
+# ARGV: digest entry id links text window depth anchor expected, then (fact, source) fields
 # Compare-and-set: writes only if the digest's current entry is `expected` ('' for none), else
 # returns the current one (the caller merges and tries again), so a merge is never lost.
 _PUT_SUMMARY = (
@@ -183,9 +185,24 @@ local depth = tonumber(redis.call('HGET', KEYS[6], ARGV[6]) or '0')
 if tonumber(ARGV[7]) > depth then redis.call('HSET', KEYS[6], ARGV[6], ARGV[7]) end
 redis.call('ZADD', KEYS[7], seq, ARGV[1])
 if ARGV[8] ~= '' then index_anchor(KEYS[8], ARGV[8], ARGV[1]) end
+for i = 10, #ARGV do redis.call('HSET', KEYS[9], ARGV[i], '1') end
 return false
 """
 )
+
+# KEYS: facts:S for each summary -> for each, its (fact, source) fields
+_FACTS = """
+local out = {}
+for i, key in ipairs(KEYS) do out[i] = redis.call('HKEYS', key) end
+return out
+"""
+
+# KEYS: meta | ARGV: version -> the version before (raised to ARGV[1] if it was lower)
+_MIGRATE = """
+local version = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
+if version < tonumber(ARGV[1]) then redis.call('HSET', KEYS[1], 'version', ARGV[1]) end
+return version
+"""
 
 # KEYS: entries anchors | ARGV: anchors -> JSON entries
 _BY_ANCHOR = """
@@ -428,6 +445,7 @@ class RedisStore:
         self._by_anchor, self._rests_on = script(_BY_ANCHOR), script(_RESTS_ON)
         self._since, self._sources = script(_SINCE), script(_SOURCES)
         self._summaries = script(_SUMMARIES)
+        self._facts, self._migrate = script(_FACTS), script(_MIGRATE)
         self._secret: bytes = self._run("open", self._open)
 
     def __repr__(self) -> str:
@@ -475,6 +493,8 @@ class RedisStore:
                 f"{self._where}: layout version {int(version)} was written by a newer policyhook "
                 f"(this one knows up to {SCHEMA_VERSION}); upgrade policyhook"
             )
+        if int(version) < SCHEMA_VERSION:  # every change so far only added keys
+            self._migrate([meta], [SCHEMA_VERSION])
         return bytes(secret)
 
     def schema_version(self) -> int:
@@ -515,22 +535,40 @@ class RedisStore:
         flat = self._run("states", self._states, self._held, [_b(i) for i in source_ids])
         return {_s(flat[i]): _s(flat[i + 1]) for i in range(0, len(flat), 2)}  # type: ignore[misc]
 
-    def put_summary(self, entry: Entry, text: str) -> Entry:
-        """Write `entry`, merged with the text's earlier record if any (compare-and-set)."""
+    def put_summary(self, entry: Entry, text: str, facts: Sequence[FactRecord] = ()) -> Entry:
+        """Write `entry`, merged with the text's earlier record if any (compare-and-set), with
+        the per-fact provenance (a set of (fact, source) pairs: recording again only adds)."""
         k = self._k
         keys = [k["seq"], k["entries"], k["log"], k["links"], k["stext"], k["windows"]]
-        keys += [self._key("win", entry.window), k["anchors"]]
+        keys += [self._key("win", entry.window), k["anchors"], self._key("facts", entry.id)]
+        pairs = [_netstrings([f]) + _b(i) for f, ids in facts for i in ids]
         expected = b""
         stored = entry
         for _ in range(16):
             links = _netstrings([str(len(stored.parents)), *stored.parents, *stored.sources])
             argv = [stored.digest, _dump(stored), _b(stored.id), links, _b(text)]
-            argv += [_b(stored.window), str(stored.depth), stored.anchor or "", expected]
+            argv += [_b(stored.window), str(stored.depth), stored.anchor or "", expected, *pairs]
             current = self._run("put_summary", self._put_summary, keys, argv)
             if current is None:
                 return stored
             expected, stored = current, entry.merged(_load(current))
         raise StoreUnavailableError(f"{self._where}: put_summary kept racing other writers")
+
+    def facts(self, summary_ids: Collection[str]) -> dict[str, list[FactRecord]]:
+        ids = list(dict.fromkeys(summary_ids))
+        if not ids:
+            return {}
+        keys = [self._key("facts", i) for i in ids]
+        out: dict[str, list[FactRecord]] = {}
+        for summary, fields in zip(ids, self._run("facts", self._facts, keys, []), strict=True):
+            by_fact: dict[str, list[str]] = {}
+            for field in fields:
+                colon = field.index(b":")
+                end = colon + 1 + int(field[:colon])
+                by_fact.setdefault(_s(field[colon + 1 : end]), []).append(_s(field[end:]))
+            if by_fact:
+                out[summary] = [(f, tuple(sorted(s))) for f, s in by_fact.items()]
+        return out
 
     def lookup(self, digests: Collection[str]) -> dict[str, Entry]:
         if not digests:

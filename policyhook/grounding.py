@@ -19,6 +19,7 @@ Nothing here imports the policy engine or the hook: they build on it.
 from __future__ import annotations
 
 import functools
+import json
 import re
 import threading
 from collections import Counter
@@ -999,3 +1000,40 @@ def cite(output: str, grounding: Grounding, limit: int = 3) -> str:
         last = end
     pieces.append(output[last:])
     return "".join(pieces)
+
+
+# -- per-fact provenance as stores keep it (Store.put_summary(facts=...), Store.facts) ----------
+# The guard records each granted summary's fact provenance in its store, so every process sharing
+# the store carries it; these two functions are the only place facts are turned into what a store
+# keeps and back.
+
+
+def fact_records(
+    grounding: Grounding, start: int = 0, end: int | None = None
+) -> list[tuple[str, tuple[str, ...]]]:
+    """The provenance of the facts written at [start, end) of the checked output, as a store
+    records it: each fact as a string, with every source stating it (live or dead). A fact no
+    source states is left out: there is nothing to carry."""
+    out = []
+    for fact, ids in grounding.provenance():
+        if ids and start <= fact.start and (end is None or fact.start < end):
+            key = json.dumps([fact.kind, fact.value, sorted(fact.context), fact.key, fact.bare])
+            out.append((key, tuple(sorted(ids))))
+    return out
+
+
+def carried(records: Iterable[tuple[str, Collection[str]]]) -> FactIndex:
+    """The facts earlier summaries were recorded with (`fact_records`), indexed for
+    `check(carried=...)`; ValueError for a record that is not one."""
+    facts = []
+    for key, ids in records:
+        try:
+            kind, value, context, said, bare = json.loads(key)
+            fact = Fact(str(kind), str(value), frozenset(map(str, context)), str(said))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"not a recorded fact: {key[:80]!r}") from exc
+        fact.bare = str(bare)
+        facts.append((fact, ids))
+    index = FactIndex()
+    index.add_facts(facts)
+    return index

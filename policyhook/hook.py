@@ -252,7 +252,6 @@ class Guard:
         #: when output-phase policies check it; `call.grounding` has them either way.
         self.cite_sources = cite_sources
         self._facts = grounding.FactIndex()  # facts of the sources, indexed when first needed
-        self._carried = grounding.FactIndex()  # per-fact provenance of the outputs recorded
         if isinstance(decision_log, str | Path):
             decision_log = DecisionLog(decision_log)
         self.decision_log = decision_log
@@ -775,7 +774,13 @@ class Guard:
         for source_id, text in call._resolution.unregistered:  # the input's own new content
             self._facts.add(source_id, text)
             live.add(source_id)
-        found = grounding.check("\n".join(texts), self._facts, live, carried=self._carried)
+        try:  # per-fact provenance of the input's summaries, recorded by any process
+            recorded = self.store.facts(call._resolution.summaries)
+            carried = grounding.carried(r for facts in recorded.values() for r in facts)
+        except Exception as error:
+            self._store_failed(call, "facts", error)
+            carried = None  # facts only an earlier summary stated have no source: refused
+        found = grounding.check("\n".join(texts), self._facts, live, carried=carried)
         call.grounding = found
         activation = {**call._activation, "summary": schema.summary(found.summary())}
         decision = policies.decide(activation, phase="output")
@@ -795,7 +800,6 @@ class Guard:
                 decision.mode,
                 UnsafeRecompactionError(decision),
             )
-        self._carried.add_facts(found.provenance())
         if self.cite_sources and isinstance(output, str):
             return cast(T, grounding.cite(output, found))
         return output
@@ -812,9 +816,15 @@ class Guard:
                 call.summarizer,
             )
         outcome: Outcome = "summarized"
+        checked, at = call.grounding, 0
         for text in texts:
+            facts: list[tuple[str, tuple[str, ...]]] = []
+            if checked is not None:  # the facts this text states (all, for one: maybe cited)
+                span = (0, None) if len(texts) == 1 else (at, at + len(text))
+                facts = grounding.fact_records(checked, *span)
+            at += len(text) + 1
             try:
-                self.ledger.record_summary(text, resolution.region, window)
+                self.ledger.record_summary(text, resolution.region, window, facts)
             except Exception as error:
                 self._store_failed(call, "put_summary", error)
                 outcome = "store_error"

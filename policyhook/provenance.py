@@ -12,7 +12,7 @@ import logging
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -199,6 +199,7 @@ class Resolution:
 
     region: Region
     unregistered: tuple[tuple[str, str], ...] = ()  # (source id, text) of content no store holds
+    summaries: tuple[str, ...] = ()  # ids of the summaries the input is made of
 
 
 def content_of(item: Any) -> str | None:
@@ -222,6 +223,11 @@ def _unverifiable(key: str, chars: int) -> Region:
         chars=chars,
     )
 
+
+#: One fact of a summary and the ids of every source stating it (per-fact provenance). The fact
+#: is the string its checker made of it (`policyhook.grounding.fact_records`); stores keep it as
+#: given, and a fact recorded again for the same summary only gains sources.
+FactRecord = tuple[str, tuple[str, ...]]
 
 #: What a store knows of a source id: held, dropped by `evict` or capacity, or past its TTL.
 #: An id absent from `states` was never put: unknown, which is not the same as dead.
@@ -255,12 +261,19 @@ class Store(Protocol):
     def states(self, source_ids: Collection[str]) -> dict[str, State]:
         """Each known id's state, in one lookup; ids never put are left out (unknown)."""
 
-    def put_summary(self, entry: Entry, text: str) -> Entry | None:
-        """Remember a granted summary (normalised `entry`) of `entry.window`, with its text.
+    def put_summary(
+        self, entry: Entry, text: str, facts: Sequence[FactRecord] = ()
+    ) -> Entry | None:
+        """Remember a granted summary (normalised `entry`) of `entry.window`, with its text and
+        the per-fact provenance of its output (`facts`, under `entry.id`), in one write.
 
         A text recorded again is merged with its earlier record (`Entry.merged`: provenance only
-        grows), atomically; returns the entry as stored, or None (then the ledger reads it back
-        with `lookup`, one more round trip)."""
+        grows; a fact's sources too), atomically; returns the entry as stored, or None (then the
+        ledger reads it back with `lookup`, one more round trip)."""
+
+    def facts(self, summary_ids: Collection[str]) -> dict[str, list[FactRecord]]:
+        """The per-fact provenance recorded for each of these summaries, in one lookup (every
+        fact with every source stating it, live or not); summaries with none are left out."""
 
     def lookup(self, digests: Collection[str]) -> dict[str, Entry]:
         """The entries of the texts with these digests (sources, evicted ones too, and
@@ -367,9 +380,9 @@ class Ledger:
                     self._windows[window] = max(self._windows[window], entry.depth)
         return source
 
-    def _put_summary(self, entry: Entry, text: str) -> Entry:
+    def _put_summary(self, entry: Entry, text: str, facts: Sequence[FactRecord] = ()) -> Entry:
         """Store a summary's entry; the record as stored (merged with an earlier one)."""
-        stored = self.store.put_summary(entry, text)
+        stored = self.store.put_summary(entry, text, facts)
         if stored is None:  # a store that does not return the merged record: read it back
             stored = self.store.lookup([entry.digest]).get(entry.digest)
         return stored if stored is not None else entry
@@ -405,8 +418,11 @@ class Ledger:
             window=window,
         )
 
-    def record_summary(self, text: str, summarized: Region, window: str) -> Region:
-        """Remember a granted summary's output, so it is recognised when it comes back."""
+    def record_summary(
+        self, text: str, summarized: Region, window: str, facts: Sequence[FactRecord] = ()
+    ) -> Region:
+        """Remember a granted summary's output, so it is recognised when it comes back, with the
+        per-fact provenance of its output (`facts`, shared through the store)."""
         _shapes.check_id("window", window)
         data = encode(text)
         key = digest(self._key, data)
@@ -433,7 +449,7 @@ class Ledger:
         )
         merged = False
         try:
-            stored = self._put_summary(entry, text)
+            stored = self._put_summary(entry, text, facts)
             merged = stored != entry
             entry = stored
         finally:  # learnt even when the store write fails: recognised in this process still
@@ -521,7 +537,8 @@ class Ledger:
         self._made_of.move_to_end(region_id)
         if len(self._made_of) > 256:
             self._made_of.popitem(last=False)
-        return Resolution(Region.merge(parts, region_id), tuple(unregistered))
+        summaries = tuple(dict.fromkeys(p.id for p in parts if p.depth > 0))
+        return Resolution(Region.merge(parts, region_id), tuple(unregistered), summaries)
 
     def _split(
         self,

@@ -15,7 +15,7 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from policyhook import _fork
 from policyhook.errors import StoreUnavailableError
 from policyhook.provenance import (
     Entry,
+    FactRecord,
     Region,
     Source,
     State,
@@ -59,6 +60,8 @@ class MemoryStore:
         self._by_id: dict[str, Entry] = {}  # summary id -> entry
         self._by_anchor: dict[str, list[str]] = {}  # anchor -> digests
         self._texts: OrderedDict[str, str] = OrderedDict()  # summary digest -> text, bounded
+        # summary id -> fact -> ids of the sources stating it; bounded with the summary texts
+        self._facts: OrderedDict[str, dict[str, set[str]]] = OrderedDict()
         self._log: list[str] = []  # digests in record order, for `since`
         self._depths: dict[str, int] = {}
         _fork.register(self, MemoryStore._after_fork)
@@ -130,18 +133,35 @@ class MemoryStore:
                     out[s] = self._dead[s]
             return out
 
-    def put_summary(self, entry: Entry, text: str) -> Entry:
+    def put_summary(self, entry: Entry, text: str, facts: Sequence[FactRecord] = ()) -> Entry:
         with self._lock:
             entry = entry.merged(self._entries.get(entry.digest))
             self._index(entry)
             self._by_id[entry.id] = entry
             self._texts[entry.digest] = text
             self._texts.move_to_end(entry.digest)
+            if any(ids for _, ids in facts):
+                known = self._facts.setdefault(entry.id, {})
+                for fact, ids in facts:
+                    if ids:
+                        known.setdefault(fact, set()).update(ids)
+            if entry.id in self._facts:
+                self._facts.move_to_end(entry.id)
             if self.max_sources is not None:
                 while len(self._texts) > self.max_sources:
                     self._texts.popitem(last=False)
+                while len(self._facts) > self.max_sources:
+                    self._facts.popitem(last=False)
             self._depths[entry.window] = max(self._depths.get(entry.window, 0), entry.depth)
             return entry
+
+    def facts(self, summary_ids: Collection[str]) -> dict[str, list[FactRecord]]:
+        with self._lock:
+            return {
+                s: [(f, tuple(sorted(ids))) for f, ids in self._facts[s].items()]
+                for s in summary_ids
+                if s in self._facts
+            }
 
     def lookup(self, digests: Collection[str]) -> dict[str, Entry]:
         with self._lock:
@@ -215,7 +235,8 @@ def _region(entry: Entry, sources: frozenset[str]) -> Region:
     )
 
 
-_SCHEMA_VERSION = 2
+#: 1: summaries copying their source lists; 2: normalised entries; 3: per-fact provenance.
+_SCHEMA_VERSION = 3
 _FOREVER = float("inf")
 _CACHE_MAX = 1_000_000  # cached liveness entries before the cache is dropped
 _SCHEMA = """
@@ -237,6 +258,11 @@ CREATE INDEX IF NOT EXISTS entries_anchor ON entries (anchor) WHERE anchor IS NO
 CREATE INDEX IF NOT EXISTS entries_id ON entries (id);
 CREATE INDEX IF NOT EXISTS entries_window ON entries (window, seq) WHERE depth > 0;
 CREATE TABLE IF NOT EXISTS windows (window TEXT PRIMARY KEY, depth INTEGER NOT NULL);
+-- Per-fact provenance of a summary: each fact with the ids of the sources stating it (JSON).
+CREATE TABLE IF NOT EXISTS facts (
+    summary TEXT NOT NULL, fact TEXT NOT NULL, sources TEXT NOT NULL,
+    PRIMARY KEY (summary, fact)
+) WITHOUT ROWID;
 """
 _ENTRY_COLUMNS = "digest, id, depth, kind, size, anchor, parents, direct, source_kinds, window"
 _E_COLUMNS = ", ".join(f"e.{c}" for c in _ENTRY_COLUMNS.split(", "))
@@ -321,6 +347,12 @@ class SQLiteStore:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 version = self._db.execute("PRAGMA user_version").fetchone()[0]
+                if version > _SCHEMA_VERSION:
+                    raise StoreUnavailableError(
+                        f"SQLite store {self.path}: schema version {version} was written by a "
+                        f"newer policyhook (this one knows up to {_SCHEMA_VERSION}); upgrade "
+                        "policyhook"
+                    )
                 legacy = version < _SCHEMA_VERSION and self._has_table("summaries")
                 if legacy:
                     self._db.execute("ALTER TABLE sources RENAME TO legacy_sources")
@@ -340,6 +372,7 @@ class SQLiteStore:
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
+                self._db.close()
                 raise
         self._identity = _identity(self.path)
         _fork.register(self, SQLiteStore._after_fork)
@@ -513,7 +546,7 @@ class SQLiteStore:
             ).fetchall()
         return {i: s for i, s in rows}
 
-    def _put_summary(self, entry: Entry, text: str) -> Entry:
+    def _put_summary(self, entry: Entry, text: str, facts: Sequence[FactRecord] = ()) -> Entry:
         row = self._db.execute(
             f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE digest = ?", (entry.digest,)
         ).fetchone()
@@ -524,14 +557,30 @@ class SQLiteStore:
             "DO UPDATE SET depth = max(depth, excluded.depth)",
             (entry.window, entry.depth),
         )
+        if facts:
+            summary = _sql_text(entry.id)
+            known = {
+                _text(f): json.loads(str(ids))
+                for f, ids in self._db.execute(
+                    "SELECT fact, sources FROM facts WHERE summary = ?", (summary,)
+                )
+            }
+            self._db.executemany(
+                "INSERT OR REPLACE INTO facts VALUES (?, ?, ?)",
+                [
+                    (summary, _sql_text(f), json.dumps(sorted({*known.get(f, ()), *ids})))
+                    for f, ids in facts
+                    if ids
+                ],
+            )
         return entry
 
-    def put_summary(self, entry: Entry, text: str) -> Entry:
+    def put_summary(self, entry: Entry, text: str, facts: Sequence[FactRecord] = ()) -> Entry:
         with self._lock:
             self._check_file()
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                entry = self._put_summary(entry, text)
+                entry = self._put_summary(entry, text, facts)
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -548,6 +597,20 @@ class SQLiteStore:
                 (json.dumps(list(digests)),),
             ).fetchall()
         return {e.digest: e for e in map(_entry, rows)}
+
+    def facts(self, summary_ids: Collection[str]) -> dict[str, list[FactRecord]]:
+        if not summary_ids:
+            return {}
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT f.summary, f.fact, f.sources FROM json_each(?) AS j "
+                "JOIN facts AS f ON f.summary = j.value",
+                (json.dumps(list(summary_ids)),),
+            ).fetchall()
+        out: dict[str, list[FactRecord]] = {}
+        for summary, fact, ids in rows:
+            out.setdefault(_text(summary), []).append((_text(fact), tuple(json.loads(ids))))
+        return out
 
     def by_anchor(self, anchors: Collection[str]) -> list[Entry]:
         if not anchors:

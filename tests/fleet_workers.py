@@ -37,7 +37,11 @@ def _serve(number: int, inbox: Any, outbox: Any) -> None:
     guard: Any = None
     store: Any = None
 
+    said: list[str] = []  # what the summarizer returns next, when the test chose it
+
     def compact(messages: list[str]) -> str:
+        if said:
+            return said.pop()
         return f"Summary by worker {number} of {len(messages)} messages: " + " | ".join(
             m[:40] for m in messages
         )
@@ -50,19 +54,26 @@ def _serve(number: int, inbox: Any, outbox: Any) -> None:
                     store.close()
                 options = {"timeout": args[1]} if args[0][0] != "sqlite" else {}
                 store = open_store(args[0], **options)
-                guard = Guard(store=store)
+                guard = Guard(args[2] if len(args) > 2 else None, store=store)
                 summarize = guard(compact, summarizer="compact")
                 answer: Any = "ok"
             elif name == "record":
                 answer = guard.record_source(args[0], kind=args[1], source_id=args[2]).id
             elif name == "evict":
                 answer = store.evict(args[0])
-            elif name == "summarize":
+            elif name == "summarize":  # (messages, window[, the summarizer's output])
+                said[:] = args[2:]
                 with request(window=args[1]):
                     try:
                         answer = ("granted", summarize(args[0]))
                     except UnsafeRecompactionError as refusal:
                         answer = ("refused", refusal.dead_sources)
+                        if len(args) > 2:  # a chosen output: say why it was refused
+                            answer = ("refused", refusal.decision.message)
+                said.clear()
+            elif name == "facts":  # the per-fact provenance the store holds for a summary
+                (summary_id,) = guard.ledger.resolve(args[0], "any").summaries
+                answer = sorted(store.facts([summary_id]).get(summary_id, []))
             elif name == "check":
                 with request(window=args[1]):
                     d = guard.check(args[0], summarizer="compact")

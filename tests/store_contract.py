@@ -259,6 +259,53 @@ class StoreContract:
         assert got[1][0].sources == {"t0", "t1", "t2"}
         assert got[1][0].source_kinds == {"user_turn"}
 
+    # -- per-fact provenance --------------------------------------------------------------------
+
+    def test_fact_provenance_is_recorded_with_the_summary(self, store: Store) -> None:
+        """put_summary(facts=) keeps each fact with the sources stating it; facts() gives them
+        back for any number of summaries in one call, leaving out summaries with none."""
+        a = summary(store, "retry ceiling is 7, timeout 30s")
+        b = summary(store, "the deploy used v1.4.2 \u00e9")
+        store.put_summary(a, "retry ceiling is 7, timeout 30s", [("n:7", ("cfg", "turn-1"))])
+        store.put_summary(
+            b,
+            "the deploy used v1.4.2 \u00e9",
+            [("v:1.4.2 \u00e9\U0001f600", ("t\u00e9",)), ("x", ())],
+        )
+        store.put_summary(summary(store, "no facts in this one"), "no facts in this one")
+        got = store.facts([a.id, b.id, summary(store, "no facts in this one").id, "s:unknown"])
+        assert {k: dict(v) for k, v in got.items()} == {  # a fact with no source: nothing kept
+            a.id: {"n:7": ("cfg", "turn-1")},
+            b.id: {"v:1.4.2 \u00e9\U0001f600": ("t\u00e9",)},
+        }
+        assert store.facts([]) == {}
+
+    def test_fact_provenance_only_grows(self, store: Store) -> None:
+        """The same summary recorded again adds facts and sources; none is lost, none doubled."""
+        entry = summary(store, "the retry ceiling is 7")
+        store.put_summary(entry, "the retry ceiling is 7", [("n:7", ("cfg",)), ("p:a", ("x",))])
+        store.put_summary(entry, "the retry ceiling is 7", [("n:7", ("cfg", "doc")), ("q", ("y",))])
+        store.put_summary(entry, "the retry ceiling is 7")  # no facts: keeps what it had
+        assert dict(store.facts([entry.id])[entry.id]) == {
+            "n:7": ("cfg", "doc"),
+            "p:a": ("x",),
+            "q": ("y",),
+        }
+
+    def test_fact_provenance_is_shared_and_outlives_eviction(
+        self, store: Store, reopen: Reopen
+    ) -> None:
+        """Another handle reads the facts one handle recorded; evicting a source keeps the
+        record (the fact is then stated only by a dead source: unverifiable, not unknown)."""
+        store.put_source(Source("cfg", "config_read"), "retry_ceiling: 7")
+        entry = summary(store, "retries are capped at 7", sources=("cfg",))
+        store.put_summary(entry, "retries are capped at 7", [("n:7", ("cfg",))])
+        other = reopen(store)
+        assert other.evict("cfg") is True
+        assert dict(other.facts([entry.id])[entry.id]) == {"n:7": ("cfg",)}
+        assert dict(store.facts([entry.id])[entry.id]) == {"n:7": ("cfg",)}
+        assert store.live(["cfg"]) == frozenset()
+
     # -- catching up ----------------------------------------------------------------------------
 
     def test_since_pages_through_every_entry_in_order(self, store: Store) -> None:

@@ -61,11 +61,33 @@ def served(request: pytest.FixtureRequest) -> tuple[Spec, servers.Restartable]:
     return (request.param, server.url, f"fleet_{next(_names)}"), server
 
 
-def open_all(workers: list[Worker], spec: Spec, timeout: float = 2.0) -> None:
+#: Output-phase policies only: a number the summary states must have a live source.
+FACT_POLICIES = """
+apiVersion: policyhook.dev/v1
+kind: CompactionPolicy
+metadata:
+  name: facts
+spec:
+  mode: enforce
+  phase: output
+  failurePolicy: deny
+  rules:
+    - name: grounded
+      expression: '!("number" in summary.ungrounded_kinds)'
+      message: the summary states numbers no source states
+    - name: verifiable
+      expression: '!("number" in summary.unverifiable_kinds)'
+      message: the summary states numbers only dead sources state
+"""
+
+
+def open_all(
+    workers: list[Worker], spec: Spec, timeout: float = 2.0, policies: str | None = None
+) -> None:
     for w in workers:
         w.drain()
     for w in workers:
-        w.send("open", spec, timeout)
+        w.send("open", spec, timeout, policies)
     for w in workers:
         assert w.answer() == "ok"
 
@@ -93,6 +115,32 @@ class TestFleet:
             effect, depth, dead = w("check", [summary, LATER], WINDOW)
             assert (effect, depth, dead) == ("deny", 1, ("cfg",)), f"worker {w.number}"
         assert w2("summarize", [summary, LATER], WINDOW) == ("refused", ("cfg",))
+
+    def test_fact_provenance_is_shared_and_dies_with_its_sources(
+        self, workers: list[Worker], shared: Spec, tmp_path: Path
+    ) -> None:
+        """The per-fact provenance worker 1 records with its summary is read by every worker; once worker 3 evicts cfg, the number only cfg stated is unverifiable for all (not ungrounded: they know where it came from)."""
+        policies = tmp_path / "facts.yaml"
+        policies.write_text(FACT_POLICIES)
+        open_all(workers, shared, policies=str(policies))
+        w0, w1, w2, w3 = workers
+        w0("record", CONFIG, "config_read", "cfg")
+        w0("record", TURN, "user_turn", "turn-1")
+        w2("record", LATER, "tool_output", "tool-3")
+        said = "Deploy: retry_ceiling 7 for flaky tool calls."
+        assert w1("summarize", [CONFIG, TURN], WINDOW, said) == ("granted", said)
+        for w in workers:
+            facts = dict(w("facts", said))
+            assert set(facts.values()) == {("cfg",)} and any('"7"' in f for f in facts), facts
+
+        again = said + " Timeout after 30s."
+        assert w2("summarize", [said, LATER], WINDOW, again) == ("granted", again)
+        assert w3("evict", "cfg") is True
+        for w in workers:
+            outcome, why = w("summarize", [said, LATER], WINDOW, again)
+            assert outcome == "refused", f"worker {w.number}: {why}"
+            assert "only dead sources" in why and "unverifiable: " in why and "7" in why, why
+            assert "ungrounded" not in why, f"worker {w.number}: {why}"
 
     def test_server_killed_and_restarted_mid_run(
         self, workers: list[Worker], served: tuple[Spec, servers.Restartable]

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import servers
-from store_contract import MakeStore, Reopen, StoreContract
+from store_contract import MakeStore, Reopen, StoreContract, summary
 
 from policyhook.stores import Store
 
@@ -156,3 +156,67 @@ class TestRedisClusterContract(StoreContract):
         owners = {client.nodes_manager.get_node_from_slot(s).port for s in slots}
         client.close()
         assert len(owners) == 3
+
+
+class TestSchemaVersions:
+    """Each shared store migrates an older layout on open and refuses a newer one."""
+
+    def test_postgres_schema_1_gains_fact_provenance(self, postgres: servers.Restartable) -> None:
+        """A version-1 schema (before per-fact provenance) is migrated on open, data kept."""
+        import psycopg
+
+        from policyhook._postgres import SCHEMA_VERSION, PostgresStore
+        from policyhook.provenance import Source
+
+        name = fresh("migrate_")
+        with PostgresStore(postgres.url, schema=name) as store:
+            store.put_source(Source("cfg", "config_read"), "retry_ceiling: 7")
+        with psycopg.connect(postgres.url, autocommit=True) as conn:  # back to version 1
+            conn.execute(f"DROP TABLE {name}.facts")
+            conn.execute(f"UPDATE {name}.meta SET value = '1' WHERE key = 'version'")
+        with PostgresStore(postgres.url, schema=name) as store:
+            assert store.schema_version() == SCHEMA_VERSION == 2
+            assert store.get_source("cfg") == "retry_ceiling: 7"
+            entry = summary(store, "retries are capped at 7", sources=("cfg",))
+            store.put_summary(entry, "retries are capped at 7", [("n:7", ("cfg",))])
+            assert store.facts([entry.id]) == {entry.id: [("n:7", ("cfg",))]}
+
+    def test_postgres_newer_schema_is_refused(self, postgres: servers.Restartable) -> None:
+        import psycopg
+
+        from policyhook._postgres import PostgresStore
+        from policyhook.errors import StoreUnavailableError
+
+        name = fresh("newer_")
+        PostgresStore(postgres.url, schema=name).close()
+        with psycopg.connect(postgres.url, autocommit=True) as conn:
+            conn.execute(f"UPDATE {name}.meta SET value = '99' WHERE key = 'version'")
+        with pytest.raises(StoreUnavailableError, match=r"version 99 .*upgrade policyhook"):
+            PostgresStore(postgres.url, schema=name)
+
+    def test_redis_layout_1_gains_fact_provenance(self, redis: servers.Restartable) -> None:
+        """A version-1 layout is raised to the current one on open (it only added keys)."""
+        from policyhook._redis import SCHEMA_VERSION, RedisStore
+        from policyhook.provenance import Source
+
+        name = fresh("migrate")
+        with RedisStore(redis.url, namespace=name) as store:
+            store.put_source(Source("cfg", "config_read"), "retry_ceiling: 7")
+            store._client.hset(store._k["meta"], "version", 1)
+            assert store.schema_version() == 1
+        with RedisStore(redis.url, namespace=name) as store:
+            assert store.schema_version() == SCHEMA_VERSION == 2
+            assert store.get_source("cfg") == "retry_ceiling: 7"
+            entry = summary(store, "retries are capped at 7", sources=("cfg",))
+            store.put_summary(entry, "retries are capped at 7", [("n:7", ("cfg",))])
+            assert store.facts([entry.id]) == {entry.id: [("n:7", ("cfg",))]}
+
+    def test_redis_newer_layout_is_refused(self, redis: servers.Restartable) -> None:
+        from policyhook._redis import RedisStore
+        from policyhook.errors import StoreUnavailableError
+
+        name = fresh("newer")
+        with RedisStore(redis.url, namespace=name) as store:
+            store._client.hset(store._k["meta"], "version", 99)
+        with pytest.raises(StoreUnavailableError, match=r"version 99 .*upgrade policyhook"):
+            RedisStore(redis.url, namespace=name)

@@ -11,6 +11,7 @@ import pytest
 from store_contract import MakeStore, Reopen, StoreContract, summary
 
 from policyhook import Guard, MemoryStore, Source, SQLiteStore, UnsafeRecompactionError
+from policyhook.errors import StoreUnavailableError
 from policyhook.stores import Store
 
 
@@ -160,3 +161,28 @@ class TestSQLite:
             assert store.window_depth("w") == 2
         with SQLiteStore(path) as again:  # migrating twice is a no-op
             assert len(again.summaries("w", 10)) == 1
+
+    def test_schema_2_file_gains_fact_provenance(self, tmp_path: Path) -> None:
+        """A version-2 file (before per-fact provenance) is migrated on open, data kept."""
+        path = tmp_path / "v2.db"
+        with SQLiteStore(path) as store:
+            store.put_source(Source("cfg", "config_read"), "retry_ceiling: 7")
+        db = sqlite3.connect(path)
+        db.executescript("DROP TABLE facts; PRAGMA user_version = 2;")
+        db.close()
+        with SQLiteStore(path) as store:
+            assert store._db.execute("PRAGMA user_version").fetchone()[0] == 3
+            assert store.get_source("cfg") == "retry_ceiling: 7"
+            entry = summary(store, "retries are capped at 7", sources=("cfg",))
+            store.put_summary(entry, "retries are capped at 7", [("n:7", ("cfg",))])
+            assert store.facts([entry.id]) == {entry.id: [("n:7", ("cfg",))]}
+
+    def test_newer_schema_is_refused(self, tmp_path: Path) -> None:
+        """A file written by a newer policyhook is refused, never downgraded."""
+        path = tmp_path / "new.db"
+        SQLiteStore(path).close()
+        db = sqlite3.connect(path)
+        db.execute("PRAGMA user_version = 99")
+        db.close()
+        with pytest.raises(StoreUnavailableError, match=r"version 99 .*upgrade policyhook"):
+            SQLiteStore(path)

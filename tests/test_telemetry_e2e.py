@@ -18,7 +18,7 @@ import tempfile
 import textwrap
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from test_telemetry import summary_with_dead_sources as stale_summary
 import policyhook
 from policyhook import otel
 from policyhook.loader import compile_sources
-from policyhook.provenance import Entry
+from policyhook.provenance import Entry, FactRecord
 from policyhook.telemetry import SPAN_NAME, SUMMARIZE_SPAN_NAME
 
 
@@ -403,5 +403,5 @@ class TestCollectorDown:
 class _DiskFull(policyhook.MemoryStore):
     """A store whose disk is full: every summary it is given fails to be written."""
 
-    def put_summary(self, entry: Entry, text: str) -> Entry:
+    def put_summary(self, entry: Entry, text: str, facts: Sequence[FactRecord] = ()) -> Entry:
         raise OSError(28, "No space left on device")
