@@ -33,13 +33,14 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from policyhook import activation as schema
-from policyhook import cel, decisionlog
-from policyhook.backends import BACKEND_ENV, CEL_PYTHON, available_backends, default_backend
-from policyhook.hook import Guard
-from policyhook.loader import load
-from policyhook.policy import PolicySet
-from policyhook.provenance import Ledger, Region
+from policyhook import _activation as schema
+from policyhook import _cel as cel
+from policyhook import decisionlog
+from policyhook._backends import BACKEND_ENV, CEL_PYTHON, available_backends, default_backend
+from policyhook._hook import Guard
+from policyhook._loader import load
+from policyhook._policy import PolicySet
+from policyhook._provenance import Ledger, Region
 from policyhook.stores import MemoryStore, SQLiteStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -302,7 +303,7 @@ def quiet_logs() -> Iterator[None]:
 
 
 class _NoTelemetry:
-    """Stands in for `policyhook.telemetry.Telemetry` to measure the guard without any OTel."""
+    """Stands in for `policyhook._telemetry.Telemetry` to measure the guard without any OTel."""
 
     capture_content = False
 
@@ -569,7 +570,7 @@ def _rolling(guard: Guard, rng: random.Random, calls: int, window: str = "w") ->
 
 @contextmanager
 def request_window(window: str) -> Iterator[None]:
-    from policyhook.hook import request
+    from policyhook._hook import request
 
     with request(window=window):
         yield
@@ -707,7 +708,7 @@ def bench_loop(report: Report, engine: Mapping[str, float], quick: bool) -> None
         store = SQLiteStore(Path(tmp) / "big.db")
         _bulk_sources(store, total)
         memory = MemoryStore()
-        from policyhook.provenance import Source
+        from policyhook._provenance import Source
 
         ids = [f"src-{i}" for i in range(0, total, total // 1000)][:1000]
         for source_id in ids:
@@ -790,7 +791,7 @@ def bench_memory(report: Report, quick: bool) -> None:
 
 def _bulk_sources(store: SQLiteStore, total: int) -> None:
     """`total` sources written in one transaction (the store's own row format, fast)."""
-    from policyhook.provenance import Entry, Source
+    from policyhook._provenance import Entry, Source
 
     db = store._db
     db.execute("BEGIN")
@@ -826,7 +827,7 @@ def bench_liveness(report: Report, quick: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         store = SQLiteStore(Path(tmp) / "bench.db")
         memory = MemoryStore()
-        from policyhook.provenance import Source
+        from policyhook._provenance import Source
 
         for i in range(1000):
             source = Source(f"src-{i:04d}", "tool_output")

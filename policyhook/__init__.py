@@ -7,19 +7,19 @@ sources, and refuses loudly (`UnsafeRecompactionError`) when it cannot.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from policyhook._postgres import PostgresStore
-from policyhook._redis import RedisStore
-from policyhook.decisionlog import DecisionLog
-from policyhook.errors import (
+from policyhook._errors import (
     PolicyError,
     PolicyIssue,
     StoreUnavailableError,
     UnsafeRecompactionError,
 )
-from policyhook.hook import Guard, GuardedCall, Request, current_request, request
-from policyhook.loader import load, load_default
-from policyhook.policy import Decision, PolicySet
-from policyhook.provenance import Ledger, Region, Source
+from policyhook._hook import Guard, GuardedCall, Request, current_request, request
+from policyhook._loader import load, load_default
+from policyhook._policy import Decision, Effect, FailurePolicy, Mode, PolicySet
+from policyhook._postgres import PostgresStore
+from policyhook._provenance import Ledger, Region, Source
+from policyhook._redis import RedisStore
+from policyhook.decisionlog import DecisionLog
 from policyhook.stores import MemoryStore, SQLiteStore, Store
 
 try:
@@ -30,10 +30,13 @@ except PackageNotFoundError:  # pragma: no cover - a source tree that was never 
 __all__ = [
     "Decision",
     "DecisionLog",
+    "Effect",
+    "FailurePolicy",
     "Guard",
     "GuardedCall",
     "Ledger",
     "MemoryStore",
+    "Mode",
     "PolicyError",
     "PolicyIssue",
     "PolicySet",

@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from policyhook.errors import StoreUnavailableError
-from policyhook.provenance import Entry, FactRecord, Region, Source, State
+from policyhook._errors import StoreUnavailableError
+from policyhook._provenance import Entry, FactRecord, Region, Source, State
 
 if TYPE_CHECKING:
     import psycopg

@@ -22,8 +22,8 @@ import re
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from policyhook.errors import StoreUnavailableError
-from policyhook.provenance import Entry, FactRecord, Region, Source, State
+from policyhook._errors import StoreUnavailableError
+from policyhook._provenance import Entry, FactRecord, Region, Source, State
 
 #: The layout version this code writes, kept in `{ns}:meta`. 1: the store; 2: per-fact
 #: provenance (`facts:S` keys; nothing to convert, so migrating is raising the version).

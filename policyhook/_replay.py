@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from policyhook import activation as schema
+from policyhook import _activation as schema
 from policyhook import decisionlog
-from policyhook.policy import PolicySet
+from policyhook._policy import PolicySet
 
 
 @dataclass

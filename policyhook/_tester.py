@@ -19,10 +19,10 @@ from typing import Any, TextIO
 
 import yaml
 
-from policyhook import activation as schema
-from policyhook.cel import Backend
-from policyhook.loader import Located, LocatingLoader, is_test_file, load
-from policyhook.policy import Effect, PolicySet
+from policyhook import _activation as schema
+from policyhook._cel import Backend
+from policyhook._loader import Located, LocatingLoader, is_test_file, load
+from policyhook._policy import Effect, PolicySet
 
 TEST_KIND = "PolicyTest"
 _TEST_KEYS = {"apiVersion", "kind", "metadata", "defaults", "cases"}

@@ -1,8 +1,8 @@
 """The `policyhook` command line: every command's arguments and output, nothing else.
 
-The work is done by the library: policies by policyhook.loader, the test runner by
+The work is done by the library: policies by policyhook._loader, the test runner by
 policyhook._tester (public as policyhook.testing.run_tests), replay by policyhook._replay, the
-demo by policyhook.demo, the Claude Code hook by policyhook.adapters.claude_code, which parses
+demo by policyhook._demo, the Claude Code hook by policyhook.adapters.claude_code, which parses
 its own options (its usage errors must become a fail-closed answer, never an exit code).
 
 Exit codes (policyhook._exit, docs/cli.md): 0 ok; 1 a problem found (policy errors, failed test
@@ -44,7 +44,7 @@ class UsageError(Exception):
 
 
 def _check(args: argparse.Namespace, out: TextIO) -> int:
-    from policyhook.loader import load
+    from policyhook._loader import load
 
     policies = load(args.path)
     if args.format == "json":
@@ -104,8 +104,8 @@ def read_document(path: str) -> Any:
 
 
 def _eval(args: argparse.Namespace, out: TextIO) -> int:
-    from policyhook import activation as schema
-    from policyhook.loader import load
+    from policyhook import _activation as schema
+    from policyhook._loader import load
 
     policies = load(args.path)
     document = read_document(args.input)
@@ -168,7 +168,7 @@ def _test(args: argparse.Namespace, out: TextIO) -> int:
 
 def _replay(args: argparse.Namespace, out: TextIO) -> int:
     from policyhook import _replay
-    from policyhook.loader import load
+    from policyhook._loader import load
 
     def progress(total: int, seconds: float) -> None:
         print(f"replayed {total} decisions ({total / seconds:,.0f}/s)...", file=sys.stderr)
@@ -215,7 +215,7 @@ def _init(args: argparse.Namespace, out: TextIO) -> int:
 
 def _retrieve(args: argparse.Namespace, out: TextIO) -> int:
     """Print the texts a remedy archived under REF, exactly, one after another."""
-    from policyhook.hook import Guard
+    from policyhook._hook import Guard
     from policyhook.stores import open_store
 
     location = str(args.store)
@@ -246,7 +246,7 @@ def _demo(args: argparse.Namespace, out: TextIO) -> int:
     The demo never needs a server: without the SDK, an endpoint from the environment is noted
     and ignored; only an explicit --otlp makes a missing SDK an error.
     """
-    from policyhook.demo import run
+    from policyhook._demo import run
 
     telemetry = None
     wanted = args.otlp if args.otlp is not None else bool(os.environ.get(OTLP_ENDPOINT_ENV))
@@ -261,7 +261,7 @@ def _demo(args: argparse.Namespace, out: TextIO) -> int:
             print(f"policyhook demo: not exporting to ${OTLP_ENDPOINT_ENV}: {exc}", file=sys.stderr)
     guard = None
     if args.store:
-        from policyhook.hook import Guard
+        from policyhook._hook import Guard
         from policyhook.stores import open_store
 
         try:
@@ -395,8 +395,8 @@ def parser() -> argparse.ArgumentParser:
 
 def _run(args: argparse.Namespace, out: TextIO) -> int:
     """Run one command; every failure it can meet becomes one line and an exit code."""
+    from policyhook._errors import PolicyError
     from policyhook._tester import PolicyTestError
-    from policyhook.errors import PolicyError
 
     prefix = f"policyhook {args.command}"
     try:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from policyhook import _fork
-from policyhook.policy import Decision
+from policyhook._policy import Decision
 
 FORMAT_VERSION = 1
 #: How a guarded call ended. `summarized`: output returned and recorded; `store_error`: output

@@ -1,6 +1,6 @@
 """One call to set up OpenTelemetry export for a process that has none: `configure()`.
 
-The guard itself uses only the OpenTelemetry API (`policyhook.telemetry`) and joins whatever the
+The guard itself uses only the OpenTelemetry API (`policyhook._telemetry`) and joins whatever the
 host application configured. This module is for hosts that configured nothing: it builds the SDK's
 TracerProvider (BatchSpanProcessor) and MeterProvider (PeriodicExportingMetricReader), both
 exporting over OTLP, and makes them global. It is the only module of the package that imports the

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from policyhook.policy import REMEDIES
+from policyhook._policy import REMEDIES
 
 Remedy = Literal["rederive", "offload", "pin", "escalate"]
 #: What a refusal falls back to when its remedy cannot run: lossless, always possible.

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from policyhook import _fork
-from policyhook.errors import StoreUnavailableError
-from policyhook.provenance import (
+from policyhook._errors import StoreUnavailableError
+from policyhook._provenance import (
     Entry,
     FactRecord,
     Region,

@@ -7,11 +7,11 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from policyhook._hook import Guard
+from policyhook._policy import Decision
 from policyhook._tester import CaseResult as CaseResult
 from policyhook._tester import PolicyTestError as PolicyTestError
 from policyhook._tester import run_tests as run_tests
-from policyhook.hook import Guard
-from policyhook.policy import Decision
 
 
 @contextmanager

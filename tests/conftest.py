@@ -6,9 +6,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from policyhook import backends, cel
-from policyhook.loader import compile_sources
-from policyhook.policy import PolicySet
+from policyhook import _backends as backends
+from policyhook import _cel as cel
+from policyhook._loader import compile_sources
+from policyhook._policy import PolicySet
 
 
 def _backends() -> list[cel.Backend]:

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from policyhook.provenance import Entry, Source, anchor_of, digest, encode
+from policyhook._provenance import Entry, Source, anchor_of, digest, encode
 from policyhook.stores import Store
 
 MakeStore = Callable[..., Store]

@@ -27,8 +27,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from policyhook import Guard, UnsafeRecompactionError, remedies
+from policyhook._loader import compile_sources
 from policyhook.adapters.langchain import GuardedSummarizationMiddleware
-from policyhook.loader import compile_sources
 from policyhook.testing import capture_decisions
 
 SUMMARIES = ["SUMMARY ONE: retry ceiling is 7 (config)", "SUMMARY TWO: retries are capped"]

@@ -20,12 +20,12 @@ from langmem.short_term import RunningSummary  # type: ignore[import-untyped]
 from langmem.short_term import summarize_messages as langmem_summarize
 
 from policyhook import Guard, UnsafeRecompactionError, remedies
+from policyhook._loader import compile_sources
 from policyhook.adapters.langmem import (
     GuardedSummarizationNode,
     asummarize_messages,
     summarize_messages,
 )
-from policyhook.loader import compile_sources
 from policyhook.testing import capture_decisions
 
 SUMMARIES = ["S1: retry ceiling is 7 (config)", "S2: retries are capped", "S3: capped at 5"]

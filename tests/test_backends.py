@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 
-from policyhook import activation as schema
-from policyhook import backends, cel
-from policyhook.errors import PolicyError
-from policyhook.loader import compile_sources, load_default
-from policyhook.policy import Decision, PolicySet
-from policyhook.provenance import Region
+from policyhook import _activation as schema
+from policyhook import _backends as backends
+from policyhook import _cel as cel
+from policyhook._errors import PolicyError
+from policyhook._loader import compile_sources, load_default
+from policyhook._policy import Decision, PolicySet
+from policyhook._provenance import Region
 
 _TRUE = ("1", "true", "yes", "on")
 
@@ -639,8 +640,8 @@ def test_the_hosts_recursion_limit_is_left_alone() -> None:
     code = (
         "import sys; sys.setrecursionlimit(1234)\n"
         "import policyhook\n"
-        "from policyhook.backends import available_backends\n"
-        "from policyhook.loader import load_default\n"
+        "from policyhook._backends import available_backends\n"
+        "from policyhook._loader import load_default\n"
         "for b in available_backends(): load_default(backend=b)\n"
         "print(sys.getrecursionlimit())\n"
     )

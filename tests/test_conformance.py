@@ -20,12 +20,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policyhook import _celcheck, backends
-from policyhook.activation import CEL_TYPES
-from policyhook.cel import Backend, parse
-from policyhook.errors import PolicyError
-from policyhook.loader import compile_sources
-from policyhook.policy import Decision, PolicySet
+from policyhook import _backends as backends
+from policyhook import _celcheck
+from policyhook._activation import CEL_TYPES
+from policyhook._cel import Backend, parse
+from policyhook._errors import PolicyError
+from policyhook._loader import compile_sources
+from policyhook._policy import Decision, PolicySet
 
 pytestmark = pytest.mark.skipif(
     not backends.fast_backend_installed(), reason="needs both backends (policyhook[fast])"

@@ -23,8 +23,8 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext
 
 import policyhook
 from policyhook import decisionlog
+from policyhook._policy import Decision, Effect, Mode
 from policyhook.decisionlog import FORMAT_VERSION, DecisionLog
-from policyhook.policy import Decision, Effect, Mode
 
 RECORD_KEYS = {
     "v",

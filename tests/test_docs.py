@@ -21,8 +21,8 @@ from monitoring_support import (
 from test_telemetry import DECISION_METRIC_ATTRIBUTES, SPAN_ATTRIBUTES
 
 import policyhook
-from policyhook import telemetry
-from policyhook.activation import markdown_table
+from policyhook import _telemetry as telemetry
+from policyhook._activation import markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")

@@ -166,7 +166,7 @@ class TestSchemaVersions:
         import psycopg
 
         from policyhook._postgres import SCHEMA_VERSION, PostgresStore
-        from policyhook.provenance import Source
+        from policyhook._provenance import Source
 
         name = fresh("migrate_")
         with PostgresStore(postgres.url, schema=name) as store:
@@ -184,8 +184,8 @@ class TestSchemaVersions:
     def test_postgres_newer_schema_is_refused(self, postgres: servers.Restartable) -> None:
         import psycopg
 
+        from policyhook._errors import StoreUnavailableError
         from policyhook._postgres import PostgresStore
-        from policyhook.errors import StoreUnavailableError
 
         name = fresh("newer_")
         PostgresStore(postgres.url, schema=name).close()
@@ -196,8 +196,8 @@ class TestSchemaVersions:
 
     def test_redis_layout_1_gains_fact_provenance(self, redis: servers.Restartable) -> None:
         """A version-1 layout is raised to the current one on open (it only added keys)."""
+        from policyhook._provenance import Source
         from policyhook._redis import SCHEMA_VERSION, RedisStore
-        from policyhook.provenance import Source
 
         name = fresh("migrate")
         with RedisStore(redis.url, namespace=name) as store:
@@ -212,8 +212,8 @@ class TestSchemaVersions:
             assert store.facts([entry.id]) == {entry.id: [("n:7", ("cfg",))]}
 
     def test_redis_newer_layout_is_refused(self, redis: servers.Restartable) -> None:
+        from policyhook._errors import StoreUnavailableError
         from policyhook._redis import RedisStore
-        from policyhook.errors import StoreUnavailableError
 
         name = fresh("newer")
         with RedisStore(redis.url, namespace=name) as store:

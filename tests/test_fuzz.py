@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import policyhook
 from policyhook import cli
-from policyhook.loader import compile_sources
+from policyhook._loader import compile_sources
 
 BUDGET = settings(
     max_examples=150,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from policyhook import Guard, PolicyError, UnsafeRecompactionError, request
-from policyhook.demo import CONFIG, TURNS
-from policyhook.loader import compile_sources, load, load_default
+from policyhook._demo import CONFIG, TURNS
+from policyhook._loader import compile_sources, load, load_default
 from policyhook.testing import capture_decisions
 
 OUTPUT_POLICY = """

@@ -14,7 +14,7 @@ import pytest
 
 import policyhook
 from policyhook import Guard, MemoryStore, UnsafeRecompactionError
-from policyhook.demo import run as run_demo
+from policyhook._demo import run as run_demo
 from policyhook.testing import capture_decisions
 
 CONFIG = "config read: retry_ceiling = 7 (agent.yaml)"

@@ -19,45 +19,45 @@ PACKAGE = Path(__file__).resolve().parent.parent / "policyhook"
 #: Lowest first. Same-layer imports are allowed; cycles are not.
 LAYERS: dict[str, int] = {
     # vocabulary and pure helpers: import nothing of policyhook above them
-    "policyhook.errors": 0,
+    "policyhook._errors": 0,
     "policyhook._exit": 0,
     "policyhook._hints": 0,
     "policyhook._fork": 0,
     "policyhook._index": 0,
     "policyhook._shapes": 0,
     "policyhook.grounding": 0,
-    "policyhook.cel": 0,
+    "policyhook._cel": 0,
     "policyhook._celcheck": 1,
     # the provenance model and where originals live
-    "policyhook.provenance": 2,
+    "policyhook._provenance": 2,
     "policyhook.stores": 3,
     "policyhook._postgres": 3,
     "policyhook._redis": 3,
     # the policy engine
-    "policyhook.activation": 4,
-    "policyhook.policy": 4,
+    "policyhook._activation": 4,
+    "policyhook._policy": 4,
     "policyhook.remedies": 4,
-    "policyhook.cel_expr": 4,
-    "policyhook.backends": 4,
-    "policyhook.loader": 4,
-    "policyhook.reload": 4,
+    "policyhook._cel_expr": 4,
+    "policyhook._backends": 4,
+    "policyhook._loader": 4,
+    "policyhook._reload": 4,
     # what a decision leaves behind
     "policyhook.decisionlog": 5,
-    "policyhook.telemetry": 5,
+    "policyhook._telemetry": 5,
     # the guard
-    "policyhook.hook": 6,
-    # built on the guard
+    "policyhook._hook": 6,
+    # built on the guard; `policyhook` (__init__) is the public API the adapters build on
+    "policyhook": 7,
     "policyhook.testing": 7,
     "policyhook._tester": 7,
     "policyhook._replay": 7,
-    "policyhook.demo": 7,
+    "policyhook._demo": 7,
     "policyhook.otel": 7,
     "policyhook.adapters": 8,
     "policyhook.adapters.claude_code": 8,
     "policyhook.adapters.claude_postcompact": 8,
     "policyhook.adapters.langchain": 8,
     "policyhook.adapters.langmem": 8,
-    "policyhook": 9,  # __init__ re-exports the public API
     "policyhook.cli": 10,
 }
 
@@ -65,8 +65,8 @@ LAYERS: dict[str, int] = {
 ONLY_IN: dict[str, set[str]] = {
     "opentelemetry.sdk": {"policyhook.otel"},
     "opentelemetry.exporter": {"policyhook.otel"},
-    "celpy": {"policyhook.cel"},
-    "cel_expr_python": {"policyhook.cel_expr", "policyhook.backends"},
+    "celpy": {"policyhook._cel"},
+    "cel_expr_python": {"policyhook._cel_expr", "policyhook._backends"},
     "psycopg": {"policyhook._postgres"},
     "psycopg_pool": {"policyhook._postgres"},
     "redis": {"policyhook._redis"},

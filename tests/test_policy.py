@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from policyhook import PolicyError
-from policyhook.cel import MAX_EXPRESSION_CHARS
-from policyhook.loader import compile_sources, load
-from policyhook.policy import PolicySet
+from policyhook._cel import MAX_EXPRESSION_CHARS
+from policyhook._loader import compile_sources, load
+from policyhook._policy import PolicySet
 
 Compile = Callable[..., PolicySet]
 
@@ -580,7 +580,7 @@ class TestHostileFiles:
 
     def test_oversized_text_is_refused(self, compile_policy: Compile) -> None:
         """A policy text over the size limit is refused before it is parsed."""
-        from policyhook.loader import MAX_FILE_BYTES
+        from policyhook._loader import MAX_FILE_BYTES
 
         text = policy(RULE_OK) + "#" * MAX_FILE_BYTES
         assert "over the limit of 1,048,576 per file" in load_error(compile_policy, text)

@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from openai.types.chat import ChatCompletionMessage
 
-from policyhook import Guard, MemoryStore, UnsafeRecompactionError, _shapes, cel
-from policyhook.loader import load_default
+from policyhook import Guard, MemoryStore, UnsafeRecompactionError, _shapes
+from policyhook import _cel as cel
+from policyhook._loader import load_default
 
 SOURCES = {
     "cfg-live": "config read: retry_ceiling = 7 for the billing job",

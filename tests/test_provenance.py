@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from policyhook import Guard, MemoryStore, Region, Source, SQLiteStore
-from policyhook.provenance import Ledger
+from policyhook._provenance import Ledger
 from policyhook.testing import capture_decisions
 
 ALLOW_ALL = """

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from policyhook import Guard
-from policyhook.reload import PolicyWatcher
+from policyhook._reload import PolicyWatcher
 from policyhook.testing import capture_decisions
 
 

@@ -17,10 +17,10 @@ from test_telemetry import Otel
 from test_telemetry import telemetry as telemetry  # the fixture
 
 import policyhook
-import policyhook.activation
+import policyhook._activation
 from policyhook import Region, remedies
+from policyhook._telemetry import REMEDIES, REMEDY_SPAN_NAME
 from policyhook.remedies import Escalation
-from policyhook.telemetry import REMEDIES, REMEDY_SPAN_NAME
 
 
 class TestChunks:
@@ -171,7 +171,7 @@ spec:
 
 
 def activation(live: int, dead: int, trigger: str = "automatic") -> dict[str, Any]:
-    return policyhook.activation.build(
+    return policyhook._activation.build(
         Region("r", depth=1, sources=frozenset(f"s{i}" for i in range(live + dead))),
         frozenset(f"s{i}" for i in range(live)),
         trigger=trigger,

@@ -21,8 +21,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionMessage
 
 import policyhook
 from policyhook import Guard, MemoryStore, Region, _shapes
-from policyhook.adapters import message_text
-from policyhook.provenance import content_of
+from policyhook.adapters import content_of, message_text
 from policyhook.testing import capture_decisions
 
 CONFIG = "config read: retry_ceiling = 7 for the billing job"

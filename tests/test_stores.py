@@ -11,7 +11,7 @@ import pytest
 from store_contract import MakeStore, Reopen, StoreContract, summary
 
 from policyhook import Guard, MemoryStore, Source, SQLiteStore, UnsafeRecompactionError
-from policyhook.errors import StoreUnavailableError
+from policyhook._errors import StoreUnavailableError
 from policyhook.stores import Store
 
 

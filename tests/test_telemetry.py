@@ -40,9 +40,9 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, StatusCode, Trace
 
 import policyhook
 from policyhook import decisionlog, otel
-from policyhook.loader import compile_sources
-from policyhook.policy import PolicySet
-from policyhook.telemetry import (
+from policyhook._loader import compile_sources
+from policyhook._policy import PolicySet
+from policyhook._telemetry import (
     DECISION_DURATION,
     DECISIONS,
     EVALUATION_ERRORS,
@@ -213,7 +213,7 @@ class TestScopeAndApi:
             """
             import sys
             import policyhook, policyhook.testing, policyhook.decisionlog, policyhook.otel
-            import policyhook.cli, policyhook.demo, policyhook._tester, policyhook._replay, policyhook.reload
+            import policyhook.cli, policyhook._demo, policyhook._tester, policyhook._replay, policyhook._reload
             guard = policyhook.Guard()
             @guard(summarizer="s")
             def summarize(text):

@@ -32,9 +32,9 @@ from test_telemetry import summary_with_dead_sources as stale_summary
 
 import policyhook
 from policyhook import otel
-from policyhook.loader import compile_sources
-from policyhook.provenance import Entry, FactRecord
-from policyhook.telemetry import SPAN_NAME, SUMMARIZE_SPAN_NAME
+from policyhook._loader import compile_sources
+from policyhook._provenance import Entry, FactRecord
+from policyhook._telemetry import SPAN_NAME, SUMMARIZE_SPAN_NAME
 
 
 @pytest.fixture(scope="module")

@@ -81,7 +81,7 @@ def main() -> int:
     tracer_provider, meter_provider = setup_telemetry()
 
     import policyhook  # after the providers: nothing depends on it, but it reads clearly
-    from policyhook.demo import run
+    from policyhook._demo import run
     from policyhook.stores import open_store
 
     url = os.environ.get("POLICYHOOK_STORE")

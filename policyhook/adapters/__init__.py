@@ -19,9 +19,16 @@ from __future__ import annotations
 from typing import Any
 
 from policyhook import _shapes
-from policyhook.provenance import UNREGISTERED, Region, text_id
+from policyhook._provenance import UNREGISTERED, Region, text_id
 
-__all__ = ["MESSAGE_KINDS", "known", "message_kind", "message_text", "untraced_summary"]
+__all__ = [
+    "MESSAGE_KINDS",
+    "content_of",
+    "known",
+    "message_kind",
+    "message_text",
+    "untraced_summary",
+]
 
 #: Source kind recorded for each LangChain message type (`message.type`).
 MESSAGE_KINDS = {
@@ -36,6 +43,15 @@ def message_kind(message: Any) -> str:
     """The source kind a LangChain message is recorded under (its own type for unknown types)."""
     kind = str(getattr(message, "type", "message"))
     return MESSAGE_KINDS.get(kind, kind)
+
+
+def content_of(item: Any) -> str | None:
+    """The text of a message-like item as the guard reads it, or None when its shape cannot be
+    read. For adapters that read known shapes; the guard itself refuses what it cannot read."""
+    try:
+        return _shapes.text(item)
+    except TypeError:
+        return None
 
 
 def message_text(message: Any) -> str:

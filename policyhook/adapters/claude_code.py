@@ -56,13 +56,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
+from policyhook import Decision, Effect, Guard, Region, UnsafeRecompactionError, load, request
 from policyhook._exit import HookExit
-from policyhook.adapters import untraced_summary
-from policyhook.errors import UnsafeRecompactionError
-from policyhook.hook import Guard, request
-from policyhook.loader import load
-from policyhook.policy import Decision, Effect
-from policyhook.provenance import Region, content_of
+from policyhook.adapters import content_of, untraced_summary
 from policyhook.remedies import Remedied
 from policyhook.stores import SQLiteStore
 

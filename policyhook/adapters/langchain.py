@@ -39,10 +39,16 @@ from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage
 from langchain_core.tools import BaseTool, StructuredTool
 from langgraph.runtime import Runtime
 
-from policyhook.adapters import known, message_kind, message_text, untraced_summary
-from policyhook.errors import UnsafeRecompactionError
-from policyhook.hook import Guard, GuardedCall, Request, current_request, request
-from policyhook.provenance import Region, content_of
+from policyhook import (
+    Guard,
+    GuardedCall,
+    Region,
+    Request,
+    UnsafeRecompactionError,
+    current_request,
+    request,
+)
+from policyhook.adapters import content_of, known, message_kind, message_text, untraced_summary
 
 __all__ = ["GuardedSummarizationMiddleware"]
 

@@ -38,10 +38,8 @@ from langmem.short_term.summarization import (  # type: ignore[import-untyped]
     SummarizationResult,
 )
 
-from policyhook.adapters import known, message_kind, message_text, untraced_summary
-from policyhook.errors import UnsafeRecompactionError
-from policyhook.hook import Guard, GuardedCall, Request, current_request
-from policyhook.provenance import Region, content_of
+from policyhook import Guard, GuardedCall, Region, Request, UnsafeRecompactionError, current_request
+from policyhook.adapters import content_of, known, message_kind, message_text, untraced_summary
 from policyhook.remedies import Remedied
 
 __all__ = ["GuardedSummarizationNode", "asummarize_messages", "summarize_messages"]

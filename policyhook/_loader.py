@@ -1,6 +1,6 @@
 """Loading policies: YAML documents of CEL rules, checked against the schema and type-checked
 against the activation at load, so a mistake fails with its file, line and column, never at the
-first decision. The format follows Kubernetes ValidatingAdmissionPolicy (see `policyhook.policy`).
+first decision. The format follows Kubernetes ValidatingAdmissionPolicy (see `policyhook._policy`).
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from typing import Any
 
 import yaml
 
+from policyhook import _activation as schema
 from policyhook import _celcheck as celcheck
-from policyhook import activation as schema
+from policyhook._backends import default_backend, native_checker
+from policyhook._cel import Backend, CompileError
+from policyhook._cel import parse as cel_parse
+from policyhook._errors import PolicyError, PolicyIssue
 from policyhook._hints import did_you_mean
-from policyhook.backends import default_backend, native_checker
-from policyhook.cel import Backend, CompileError
-from policyhook.cel import parse as cel_parse
-from policyhook.errors import PolicyError, PolicyIssue
-from policyhook.policy import (
+from policyhook._policy import (
     FAILURE_POLICIES,
     MODES,
     REMEDIES,

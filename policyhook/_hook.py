@@ -32,20 +32,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar, cast, overload
 
+from policyhook import _activation as schema
 from policyhook import _shapes, grounding, remedies
-from policyhook import activation as schema
-from policyhook.cel import Backend
+from policyhook._cel import Backend
+from policyhook._errors import UnsafeRecompactionError
+from policyhook._loader import load_default
+from policyhook._policy import Decision, Effect, Mode, PolicySet
+from policyhook._provenance import Ledger, Region, Resolution, Source, text_id
+from policyhook._reload import PolicyWatcher
+from policyhook._telemetry import MeterProvider, Span, Telemetry, TracerProvider
 from policyhook.decisionlog import DecisionLog, Outcome
-from policyhook.errors import UnsafeRecompactionError
-from policyhook.loader import load_default
-from policyhook.policy import Decision, Effect, Mode, PolicySet
-from policyhook.provenance import Ledger, Region, Resolution, Source, text_id
-from policyhook.reload import PolicyWatcher
 from policyhook.remedies import Escalation, Remedied
 from policyhook.stores import MemoryStore, Store
-from policyhook.telemetry import MeterProvider, Span, Telemetry, TracerProvider
 
-_logger = logging.getLogger(__name__)
+_logger = logging.getLogger("policyhook")
 
 #: The guarded function's parameters and result: `guard(fn)` has fn's own signature, and a
 #: lambda (`guard(lambda text: ...)`) gets a typed one, callable from strictly typed code.

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from policyhook.policy import Decision
+    from policyhook._policy import Decision
 
 
 class UnsafeRecompactionError(RuntimeError):

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from policyhook.errors import UnsafeRecompactionError
-from policyhook.hook import Guard, request
+from policyhook._errors import UnsafeRecompactionError
+from policyhook._hook import Guard, request
 from policyhook.testing import capture_decisions
 
 CONFIG = "config/agent.yaml: retry_ceiling: 7  # max retries for flaky tool calls"

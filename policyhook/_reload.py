@@ -13,12 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from policyhook import _fork
-from policyhook.cel import Backend
-from policyhook.errors import PolicyError, PolicyIssue
-from policyhook.loader import compile_sources, read_sources, revision_of
-from policyhook.policy import PolicySet
+from policyhook._cel import Backend
+from policyhook._errors import PolicyError, PolicyIssue
+from policyhook._loader import compile_sources, read_sources, revision_of
+from policyhook._policy import PolicySet
 
-_logger = logging.getLogger(__name__)
+_logger = logging.getLogger("policyhook.reload")
 
 #: Called after every reload attempt with ("success" | "failure", revision in force afterwards).
 ReloadListener = Callable[[str, str], None]

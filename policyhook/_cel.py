@@ -4,7 +4,7 @@ This module holds the interface every backend implements and the reference backe
 cel-python, a required dependency; it is the only module that imports `celpy`. cel-python keeps
 process-wide state that is not thread-safe (its compiled runner passes the activation to
 generated code through a module global), so every evaluation holds one process-wide lock. The
-fast backend, Google's C++ runtime, lives in `policyhook.cel_expr`; `policyhook.backends`
+fast backend, Google's C++ runtime, lives in `policyhook._cel_expr`; `policyhook._backends`
 chooses between them.
 """
 

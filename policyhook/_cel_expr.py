@@ -28,8 +28,8 @@ from typing import Any
 from cel_expr_python import cel
 
 from policyhook import _celcheck
-from policyhook.activation import OUTPUT_CEL_TYPES as CEL_TYPES  # incl. `summary` (output phase)
-from policyhook.cel import CompileError, EvaluationError, Program, parse
+from policyhook._activation import OUTPUT_CEL_TYPES as CEL_TYPES  # incl. `summary` (output phase)
+from policyhook._cel import CompileError, EvaluationError, Program, parse
 
 #: The activation's top-level variables, declared as maps (field access is checked at load time).
 VARIABLES = ("region", "request", "window", "summarizer", "summary", "variables")

@@ -14,7 +14,7 @@ from typing import Any
 
 from policyhook import _celcheck
 from policyhook._hints import did_you_mean
-from policyhook.provenance import Region
+from policyhook._provenance import Region
 
 
 @dataclass(frozen=True)

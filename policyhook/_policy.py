@@ -1,6 +1,6 @@
 """Policies as the engine sees them: compiled, immutable, decided many times.
 
-A `PolicySet` is what `policyhook.loader` makes of the YAML: policies of CEL programs. Deciding
+A `PolicySet` is what `policyhook._loader` makes of the YAML: policies of CEL programs. Deciding
 follows Kubernetes ValidatingAdmissionPolicy: `matchConditions` say whether a policy applies,
 named `variables` are computed in order, and each rule's `expression` must be true for the call to
 be allowed. Deny overrides allow across policies. Reloading builds a new set; none is mutated.
@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from policyhook import _celcheck
-from policyhook.cel import Backend, EvaluationError, Program
+from policyhook._cel import Backend, EvaluationError, Program
 
 
 class Effect(StrEnum):

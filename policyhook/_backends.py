@@ -1,6 +1,6 @@
 """Which CEL backend decides: the registry of installed backends and the choice between them.
 
-cel-python (`policyhook.cel`) is always installed; cel-expr-python (`policyhook.cel_expr`, the
+cel-python (`policyhook._cel`) is always installed; cel-expr-python (`policyhook._cel_expr`, the
 `fast` extra) is used when importable. Both give the same decisions on every policy that loads
 (tests/test_backends.py, tests/test_conformance.py). Set POLICYHOOK_CEL_BACKEND to choose.
 """
@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from policyhook.cel import Backend, CelPythonBackend, CompileError
+from policyhook._cel import Backend, CelPythonBackend, CompileError
 
 if TYPE_CHECKING:
     from policyhook._celcheck import CelType
@@ -36,7 +36,7 @@ def _make(name: str) -> Backend:
         backend = _backends.get(name)
         if backend is None:
             if name == CEL_EXPR_PYTHON:
-                from policyhook.cel_expr import CelExprBackend  # optional: policyhook[fast]
+                from policyhook._cel_expr import CelExprBackend  # optional: policyhook[fast]
 
                 backend = CelExprBackend()
             else:
@@ -87,6 +87,6 @@ def native_checker() -> NativeChecker | None:
     """
     if not fast_backend_installed():
         return None
-    from policyhook.cel_expr import native_checker as make
+    from policyhook._cel_expr import native_checker as make
 
     return make()

@@ -202,16 +202,6 @@ class Resolution:
     summaries: tuple[str, ...] = ()  # ids of the summaries the input is made of
 
 
-def content_of(item: Any) -> str | None:
-    """The text of a message-like item as the guard reads it (`policyhook._shapes`), or None
-    when its shape cannot be read. For adapters that read known shapes; the guard itself reads
-    with `_shapes.read`, which refuses what it cannot read."""
-    try:
-        return _shapes.text(item)
-    except TypeError:
-        return None
-
-
 def _unverifiable(key: str, chars: int) -> Region:
     """A message the ledger could not check because the store did not answer: it may be a
     summary, so it counts as one resting on a source no store holds (fail closed)."""

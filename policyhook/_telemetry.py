@@ -34,12 +34,12 @@ from opentelemetry.trace import (
     TracerProvider,
 )
 
-from policyhook.errors import UnsafeRecompactionError
-from policyhook.policy import Decision, Effect, Mode
+from policyhook._errors import UnsafeRecompactionError
+from policyhook._policy import Decision, Effect, Mode
 
 __all__ = ["MeterProvider", "Span", "Telemetry", "TracerProvider", "capture_content_from_env"]
 
-_logger = logging.getLogger(__name__)
+_logger = logging.getLogger("policyhook.telemetry")  # documented name; the module is private
 
 try:
     VERSION = version("policyhook")
