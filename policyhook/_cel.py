@@ -55,6 +55,8 @@ class Backend(Protocol):
     """What the policy engine needs from a CEL runtime."""
 
     name: str
+    #: Whether CEL's `cel.bind` works, so a policy with variables can run as one program.
+    binds: bool
 
     def compile(self, source: str) -> Program: ...
 
@@ -214,6 +216,7 @@ class CelPythonBackend:
     """cel-python with its compiled runner (transpiled to Python, ~5x the interpreter's speed)."""
 
     name = "cel-python"
+    binds = False  # cel-python has no bindings extension
 
     def compile(self, source: str) -> Program:
         tree = parse(source)

@@ -8,14 +8,14 @@ be allowed. Deny overrides allow across policies. Reloading builds a new set; no
 
 from __future__ import annotations
 
-import uuid
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
 from policyhook import _celcheck
-from policyhook._cel import Backend, EvaluationError, Program
+from policyhook._cel import Backend, CompileError, EvaluationError, Program
 
 
 class Effect(StrEnum):
@@ -40,6 +40,12 @@ class FailurePolicy(StrEnum):
     DENY = "deny"
     ALLOW = "allow"
 
+
+#: The activation's list sizes by `variable.field` ("region.sources": 3), for the cost bounds;
+#: None when no list is longer than the loader assumed (`_celcheck.DECLARED_LIST_SIZE`): every
+#: expression was within the limits at that size when it was loaded, and its bounds only grow
+#: with the sizes, so there is nothing to check.
+Sizes = Mapping[str, int] | None
 
 MODES = tuple(Mode)
 FAILURE_POLICIES = tuple(FailurePolicy)
@@ -101,12 +107,17 @@ class Expression:
         """Whether its worst case grows with the activation's lists (checked per decision)."""
         return self.checked.dynamic
 
-    def evaluate(self, context: Any, sizes: Mapping[str, int]) -> Any:
+    def over_limits(self, sizes: Sizes) -> str | None:
+        """Why lists of these sizes make it too expensive to evaluate; None when they do not."""
+        if sizes is None or not self.checked.dynamic:
+            return None
+        return _celcheck.over_limits(self.checked, sizes)
+
+    def evaluate(self, context: Any, sizes: Sizes) -> Any:
         """Evaluate, refusing first (as an error) when the lists make it too expensive."""
-        if self.checked.dynamic:
-            reason = _celcheck.over_limits(self.checked, sizes)
-            if reason is not None:
-                raise EvaluationError(f"cost limit: this expression {reason}")
+        reason = self.over_limits(sizes)
+        if reason is not None:
+            raise EvaluationError(f"cost limit: this expression {reason}")
         return self.program.evaluate(context)
 
 
@@ -132,6 +143,47 @@ class Policy:
     description: str = ""
     phase: str = "input"  # "output": decides on the summarizer's output (docs/grounding.md)
 
+    @property
+    def deciding(self) -> tuple[Expression, ...]:
+        """Its matchConditions, variables and rules: what decides a call (not the messages)."""
+        return (*self.match_conditions, *self.variables, *(r.expression for r in self.rules))
+
+
+def whole_program(policy: Policy, backend: Backend) -> Program | None:
+    """`policy` as one program, so that a call it allows costs one evaluation.
+
+    The program gives `false` when a matchCondition does not hold (tested in order), else the
+    list of the rules' results, with the variables bound by CEL's `cel.bind` (each map holds the
+    variables so far, as `_evaluate` binds them); its last element, `size(variables) == n`, makes
+    the runtime evaluate every variable, as `_evaluate` does, though it binds them lazily.
+    None when the backend cannot bind (cel-python has no `cel.bind`) or the whole is over the
+    expression bounds: then `_evaluate` decides alone.
+    """
+    if policy.variables and not backend.binds:
+        return None
+    results = [_grouped(rule.expression.source) for rule in policy.rules]
+    if policy.variables:
+        results.append(f"size(variables) == {len(policy.variables)}")
+    body = "[" + ", ".join(results) + "]"
+    maps: list[str] = []
+    for index, variable in enumerate(policy.variables):
+        entries = [f'"{v.name}": variables.{v.name}' for v in policy.variables[:index]]
+        entries.append(f'"{variable.name}": {_grouped(variable.source)}')
+        maps.append("{" + ", ".join(entries) + "}")
+    for bound in reversed(maps):
+        body = f"cel.bind(variables, {bound}, {body})"
+    for condition in reversed(policy.match_conditions):
+        body = f"{_grouped(condition.source)} ? {body} : false"
+    try:
+        return backend.compile(body)
+    except CompileError:
+        return None
+
+
+def _grouped(source: str) -> str:
+    """`source` in parentheses, on lines of its own (a `//` comment ends at the line's end)."""
+    return f"(\n{source}\n)"
+
 
 @dataclass(frozen=True)
 class PolicySet:
@@ -141,6 +193,12 @@ class PolicySet:
     revision: str
     backend: Backend
     files: tuple[str, ...] = ()
+    #: `whole_program` of each policy, in order; made once, with the set.
+    programs: tuple[Program | None, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        programs = tuple(whole_program(policy, self.backend) for policy in self.policies)
+        object.__setattr__(self, "programs", programs)
 
     @property
     def checks_output(self) -> bool:
@@ -154,23 +212,29 @@ class PolicySet:
 
         `phase`: the policies of which phase decide (`output` ones need `summary` in the
         activation).
+
+        A policy's whole program (`whole_program`) runs first: when it shows the policy allows
+        the call, with no error, that is the policy's whole outcome. Otherwise (a refusal, an
+        error, an explanation asked for) `_evaluate` runs its expressions one by one, to say which
+        rule refused and why.
         """
-        unreadable = unrepresentable(activation)
+        unreadable, sizes = _inspect(activation)
         context = None
         if unreadable is None:
             try:
                 context = self.backend.context(activation)
             except Exception as exc:  # a value the backend cannot convert: decided, not raised
                 unreadable = f"the activation cannot be converted: {type(exc).__name__}: {exc}"
-        sizes = _list_sizes(activation)
         violations: list[Violation] = []
         errors: list[Violation] = []
         explanation: list[dict[str, Any]] = []
-        for policy in self.policies:
+        for policy, program in zip(self.policies, self.programs, strict=True):
             if policy.phase != phase:
                 continue
             if unreadable is not None:
                 report = _unreadable(policy, unreadable, violations, errors)
+            elif not explain and _allows(policy, program, self.backend, context, sizes):
+                continue
             else:
                 report = _evaluate(
                     policy, self.backend, context, sizes, violations, errors, explain
@@ -182,7 +246,7 @@ class PolicySet:
         first = (enforced or violations or [None])[0]  # type: ignore[list-item]
         effect = Effect.ALLOW if first is None else Effect.DENY if enforced else Effect.WOULD_DENY
         return Decision(
-            decision_id=uuid.uuid4().hex,
+            decision_id=os.urandom(16).hex(),
             effect=effect,
             revision=self.revision,
             region_id=str(region["id"]),
@@ -202,6 +266,23 @@ class PolicySet:
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
+def _allows(
+    policy: Policy, program: Program | None, backend: Backend, context: Any, sizes: Sizes
+) -> bool:
+    """Whether `program`, the policy's whole program, shows that the policy allows the call with
+    no error: a matchCondition that does not hold, or every rule true. False when it cannot tell
+    (no such program, an expression over the cost limits, an error, a rule that does not hold)."""
+    if program is None:
+        return False
+    if sizes is not None and any(e.over_limits(sizes) for e in policy.deciding):
+        return False
+    try:
+        result = backend.to_python(program.evaluate(context))
+    except EvaluationError:
+        return False
+    return result is False or (isinstance(result, list) and all(r is True for r in result))
+
+
 def unrepresentable(activation: Mapping[str, Any]) -> str | None:
     """Why CEL cannot hold some value of `activation` (an int past int64, a lone surrogate).
 
@@ -217,6 +298,45 @@ def unrepresentable(activation: Mapping[str, Any]) -> str | None:
             if problem is not None:
                 return f"{name}.{key}{'' if problem.startswith('[') else ' '}{problem}"
     return None
+
+
+def _inspect(activation: Mapping[str, Any]) -> tuple[str | None, Sizes]:
+    """`unrepresentable(activation)`, and the list sizes when some list is longer than the
+    loader assumed (see `Sizes`).
+
+    One quick walk covers what activations hold (ASCII strings, bools, doubles, ints within
+    int64, lists of strings); `unrepresentable` looks closer only when something else is seen.
+    """
+    texts: list[Any] = []
+    longest = 0
+    usual = True
+    for fields in activation.values():
+        if not isinstance(fields, Mapping):
+            continue
+        for value in fields.values():
+            kind = type(value)
+            if kind is str:
+                texts.append(value)
+            elif kind is list or kind is tuple:
+                texts += value
+                longest = max(longest, len(value))
+            elif not (
+                kind is bool or kind is float or (kind is int and INT64_MIN <= value <= INT64_MAX)
+            ):
+                usual = False
+    if not usual or not _ascii(texts):
+        problem = unrepresentable(activation)
+        if problem is not None:
+            return problem, None
+    return None, _list_sizes(activation) if longest > _celcheck.DECLARED_LIST_SIZE else None
+
+
+def _ascii(texts: list[Any]) -> bool:
+    """Whether every item is an ASCII string (one pass in C)."""
+    try:
+        return "".join(texts).isascii()
+    except TypeError:  # not all strings
+        return False
 
 
 def _problem(value: Any) -> str | None:
@@ -279,7 +399,7 @@ def _evaluate(
     policy: Policy,
     backend: Backend,
     context: Any,
-    sizes: Mapping[str, int],
+    sizes: Sizes,
     violations: list[Violation],
     errors: list[Violation],
     explain: bool,
@@ -347,7 +467,7 @@ def _boolean(backend: Backend, value: Any) -> bool:
     return result
 
 
-def _message(rule: Rule, backend: Backend, context: Any, sizes: Mapping[str, int]) -> str:
+def _message(rule: Rule, backend: Backend, context: Any, sizes: Sizes) -> str:
     """The rule's messageExpression, falling back to its message when that errors or is empty."""
     if rule.message_expression is not None:
         try:
@@ -359,7 +479,7 @@ def _message(rule: Rule, backend: Backend, context: Any, sizes: Mapping[str, int
     return rule.message or f"rule {rule.name!r} does not hold"
 
 
-def _remedy(rule: Rule, backend: Backend, context: Any, sizes: Mapping[str, int]) -> str:
+def _remedy(rule: Rule, backend: Backend, context: Any, sizes: Sizes) -> str:
     """The rule's remedyExpression when it names a remedy, else its `remedy` ("" for none).
 
     A remedy only says what to do instead of a refused call, never whether to refuse, so an

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from policyhook import PolicyError
+from policyhook import _policy as engine
 from policyhook._cel import MAX_EXPRESSION_CHARS
 from policyhook._loader import compile_sources, load
-from policyhook._policy import PolicySet
+from policyhook._policy import Decision, PolicySet
 
 Compile = Callable[..., PolicySet]
 
@@ -494,6 +495,105 @@ class TestDecisions:
             policy("    - name: never\n      expression: 'false'\n"), force_audit=True
         )
         assert compiled.decide(activation()).effect == "would_deny"
+
+
+def outcome(decision: Decision) -> tuple[Any, ...]:
+    """Everything a decision says but its random id and the explanation."""
+    violations = [
+        (v.policy, v.rule, v.mode, v.message, v.error, v.remedy) for v in decision.violations
+    ]
+    errors = [(e.policy, e.rule, e.error) for e in decision.errors]
+    return (decision.effect, decision.policy, decision.rule, decision.message, violations, errors)
+
+
+VARIABLES = (
+    "  variables:\n"
+    "    - name: gone\n      expression: region.dead_sources\n"
+    "    - name: some\n      expression: size(variables.gone) > 0\n"
+)
+SOURCES = [f"s{i}" for i in range(6_000)]
+
+
+class TestOneProgramPerPolicy:
+    """`decide` runs each policy as one program first, and its expressions one by one only to
+    say which rule refused or failed: the outcome must be what they give one by one."""
+
+    @pytest.mark.parametrize(
+        ("spec", "rules", "region"),
+        [
+            (VARIABLES, "    - name: r\n      expression: '!variables.some'\n", {}),
+            (
+                VARIABLES,
+                "    - name: r\n      expression: '!variables.some'\n",
+                {"dead_sources": ["a"]},
+            ),
+            # a variable no rule reads still fails its policy (the runtime binds lazily)
+            ("  variables:\n    - name: bad\n      expression: region.sources[9]\n", RULE_OK, {}),
+            # a matchCondition that does not hold hides the rules' errors
+            (
+                "  matchConditions:\n    - name: deep\n      expression: region.depth > 5\n",
+                "    - name: e\n      expression: region.sources[9] == 'x'\n",
+                {},
+            ),
+            (
+                "  matchConditions:\n    - name: deep\n      expression: region.depth > 5\n",
+                "    - name: e\n      expression: region.sources[9] == 'x'\n",
+                {"depth": 6},
+            ),
+            ("", "    - name: d\n      expression: dyn(region.depth)\n", {}),  # not a bool
+            # every rule is evaluated: an error after a refusal is reported too
+            (
+                "  failurePolicy: allow\n",
+                "    - name: never\n      expression: 'false'\n"
+                "    - name: e\n      expression: region.sources[9] == 'x'\n",
+                {},
+            ),
+            # a comment ends an expression's line, not the program
+            ("", "    - name: c\n      expression: region.depth < 10 // shallow enough\n", {}),
+            # 6,000 sources: each rule is within the iteration limit, the two together are not
+            (
+                "",
+                "    - name: a\n      expression: region.sources.all(s, s != 'x')\n"
+                "    - name: b\n      expression: region.sources.all(s, s != 'y')\n",
+                {"sources": SOURCES},
+            ),
+            # 10,001 sources: over the cost limit, an error before anything is evaluated
+            (
+                "",
+                "    - name: a\n      expression: region.sources.all(s, s != 'x')\n",
+                {"sources": [f"s{i}" for i in range(10_001)]},
+            ),
+        ],
+    )
+    def test_same_outcome_as_one_by_one(
+        self, compile_policy: Compile, spec: str, rules: str, region: dict[str, Any]
+    ) -> None:
+        """Allowed, refused, failed, unmatched: the same decision as with explain=True."""
+        compiled = compile_policy(policy(rules, spec=spec))
+        act = activation(**region)
+        assert outcome(compiled.decide(act)) == outcome(compiled.decide(act, explain=True))
+
+    def test_an_allowed_call_is_one_evaluation(
+        self, compile_policy: Compile, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Where the backend binds variables (cel-expr-python), a grant evaluates no expression
+        one by one; a refusal does, for its rule and message."""
+        one_by_one: list[str] = []
+        evaluate = engine._evaluate
+
+        def counted(policy: Any, *args: Any) -> dict[str, Any]:
+            one_by_one.append(policy.name)
+            return evaluate(policy, *args)
+
+        monkeypatch.setattr(engine, "_evaluate", counted)
+        rules = "    - name: live\n      expression: '!variables.some  // no source is gone'\n      message: dead\n"
+        compiled = compile_policy(policy(rules, spec=VARIABLES))
+        assert compiled.decide(activation()).effect == "allow"
+        assert one_by_one == ([] if compiled.backend.binds else ["p"])
+        one_by_one.clear()
+        refused = compiled.decide(activation(dead_sources=["a"]))
+        assert (refused.effect, refused.rule, refused.message) == ("deny", "live", "dead")
+        assert one_by_one == ["p"]
 
 
 def test_shipped_policy_tests_pass_under_every_backend(backend: Any) -> None:
