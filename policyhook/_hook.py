@@ -716,7 +716,7 @@ class Guard:
             resolution = self.ledger.resolve(value, req.window)
             region = resolution.region
             depth = self._window_depth(req.window, span)
-            live = self._live(region, span) if depth is not None else frozenset[str]()
+            live = self._live(resolution, span) if depth is not None else frozenset[str]()
             activation = schema.build(
                 region,
                 live,
@@ -881,11 +881,17 @@ class Guard:
             self._telemetry.store_failed(span, "window_depth", error)
             return None
 
-    def _live(self, region: Region, span: Span) -> frozenset[str]:
-        """Sources the store holds now; an unreachable store holds none (fail closed)."""
+    def _live(self, resolution: Resolution, span: Span) -> frozenset[str]:
+        """Sources the store holds now (read with the provenance when it could be: one round
+        trip); an unreachable store holds none (fail closed)."""
+        region = resolution.region
         if not region.sources:
             return frozenset()
+        if resolution.live is not None:
+            return resolution.live
         try:
+            if resolution.failure is not None:
+                raise resolution.failure
             return self.store.live(region.sources)
         except Exception as error:
             _logger.warning(

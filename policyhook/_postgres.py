@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from policyhook._errors import StoreUnavailableError
-from policyhook._provenance import Entry, FactRecord, Region, Source, State
+from policyhook._provenance import Entry, FactRecord, Region, Source, State, View
 
 if TYPE_CHECKING:
     import psycopg
@@ -476,6 +476,47 @@ class PostgresStore:
             return cursor, []
         return rows[-1][0], [(_entry(r[1:-1]), None if r[-1] is None else _s(r[-1])) for r in rows]
 
+    def view(
+        self,
+        cursor: int,
+        limit: int,
+        digests: Collection[str],
+        source_ids: Collection[str],
+        window: str | None = None,
+    ) -> View:
+        """One statement: each part of the view is a tagged row of one UNION ALL (`_VIEW`)."""
+        rows = self._all(
+            "view",
+            _VIEW,
+            {
+                "cursor": cursor,
+                "limit": limit,
+                "digests": list(digests),
+                "ids": [_b(i) for i in source_ids],
+                "win": None if window is None else _b(window),
+            },
+        )
+        since = sorted((r for r in rows if r[0] == "s"), key=lambda r: int(r[1]))
+        entries = {e.digest: e for e in (_entry(r[2:12]) for r in rows if r[0] == "f")}
+        rests_on: dict[str, set[str]] = {e.id: set() for e in entries.values() if e.depth > 0}
+        depth = None if window is None else 0
+        live = set()
+        for r in rows:
+            if r[0] == "c":
+                rests_on[_s(r[3])].add(_s(r[12]))
+            elif r[0] == "l":
+                live.add(_s(r[3]))
+            elif r[0] == "w":
+                depth = int(r[1])
+        return View(
+            cursor=int(since[-1][1]) if since else cursor,
+            since=[(_entry(r[2:12]), None if r[12] is None else _s(r[12])) for r in since],
+            entries=entries,
+            rests_on={k: frozenset(v) for k, v in rests_on.items()},
+            live=frozenset(live),
+            depth=depth,
+        )
+
     def sources(self, limit: int) -> list[tuple[Source, str]]:
         rows = self._all(
             "sources",
@@ -508,6 +549,45 @@ class PostgresStore:
             for e, t in held
         ]
 
+
+_NO_ENTRY = "NULL::text, NULL::bytea, NULL::int, NULL::bytea, NULL::bigint, NULL::text, " + (
+    "NULL::bytea[], NULL::bytea[], NULL::bytea[], NULL::bytea"
+)
+#: `PostgresStore.view`: rows (tag, seq or depth, the entry's columns, text or source id), tagged
+#: s (since), f (found by digest), c (a found summary's id and one of its sources, transitively),
+#: l (a held source id: of those asked, of the closures, of the sources found), w (the window's
+#: depth).
+_VIEW = f"""
+WITH RECURSIVE
+found AS (SELECT * FROM {{s}}.entries AS e WHERE e.digest = ANY(%(digests)s::text[])),
+up (root, id) AS (
+    SELECT f.id, f.id FROM found AS f WHERE f.depth > 0
+    UNION
+    SELECT up.root, p FROM up
+    JOIN {{s}}.entries AS e ON e.id = up.id AND e.depth > 0, unnest(e.parents) AS p),
+closure (root, source) AS (
+    SELECT up.root, d FROM up
+    JOIN {{s}}.entries AS e ON e.id = up.id AND e.depth > 0, unnest(e.direct) AS d),
+ask (id) AS (
+    SELECT unnest(%(ids)s::bytea[]) UNION SELECT source FROM closure
+    UNION SELECT f.id FROM found AS f WHERE f.depth = 0)
+(SELECT 's'::text AS tag, e.seq, {_ENTRY}, CASE WHEN e.depth > 0 THEN e.text ELSE
+    (SELECT s.text FROM {{s}}.sources AS s
+     WHERE s.id = e.id AND s.digest = e.digest AND {_HELD}) END
+ FROM {{s}}.entries AS e WHERE e.seq > %(cursor)s ORDER BY e.seq LIMIT %(limit)s)
+UNION ALL
+SELECT 'f', e.seq, {_ENTRY}, NULL::bytea FROM found AS e
+UNION ALL
+SELECT 'c', NULL::bigint, NULL::text, root, NULL::int, NULL::bytea, NULL::bigint, NULL::text,
+    NULL::bytea[], NULL::bytea[], NULL::bytea[], NULL::bytea, source FROM closure
+UNION ALL
+SELECT 'l', NULL::bigint, NULL::text, s.id, NULL::int, NULL::bytea, NULL::bigint, NULL::text,
+    NULL::bytea[], NULL::bytea[], NULL::bytea[], NULL::bytea, NULL::bytea
+FROM ask JOIN {{s}}.sources AS s ON s.id = ask.id WHERE {_HELD}
+UNION ALL
+SELECT 'w', w.depth::bigint, {_NO_ENTRY}, NULL::bytea
+FROM {{s}}.windows AS w WHERE w.win = %(win)s
+"""
 
 #: Both writers write the entry (a text recorded again moves to the end of `since`, like SQLite's
 #: INSERT OR REPLACE); a source replaces what was there, a summary merges (`put_summary`).

@@ -14,7 +14,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, cast, runtime_checkable
 
 from policyhook import _fork, _shapes
 from policyhook._index import MIN_BYTES, Index
@@ -200,6 +200,11 @@ class Resolution:
     region: Region
     unregistered: tuple[tuple[str, str], ...] = ()  # (source id, text) of content no store holds
     summaries: tuple[str, ...] = ()  # ids of the summaries the input is made of
+    #: The region's sources the store held, read in the same round trip as the provenance
+    #: (`Store.view`); None when the store was not asked (then ask `Store.live`).
+    live: frozenset[str] | None = None
+    #: Why the store could not be read (the region was resolved from what is cached: fail closed).
+    failure: Exception | None = field(default=None, compare=False)
 
 
 def _unverifiable(key: str, chars: int) -> Region:
@@ -222,6 +227,25 @@ FactRecord = tuple[str, tuple[str, ...]]
 #: What a store knows of a source id: held, dropped by `evict` or capacity, or past its TTL.
 #: An id absent from `states` was never put: unknown, which is not the same as dead.
 State = Literal["live", "evicted", "expired"]
+
+
+@dataclass(frozen=True)
+class View:
+    """What one decision reads from a store, in one round trip (`Store.view`)."""
+
+    cursor: int  # where the next `since` (or view) starts
+    since: list[tuple[Entry, str | None]]  # up to `limit` entries recorded after the cursor
+    entries: dict[str, Entry]  # the digests asked for that the store knows
+    rests_on: dict[str, frozenset[str]]  # every source each summary among `entries` rests on
+    #: Held now, of: the ids asked, every source in `rests_on`, every source among `entries`.
+    live: frozenset[str]
+    depth: int | None = None  # the window's deepest summary (None: no window asked)
+
+    def asked(self, source_ids: Collection[str]) -> set[str]:
+        """The ids whose liveness this view answers, when `source_ids` were asked."""
+        out = set(source_ids).union(*self.rests_on.values())
+        out.update(e.id for e in self.entries.values() if e.depth == 0)
+        return out
 
 
 @runtime_checkable
@@ -283,6 +307,19 @@ class Store(Protocol):
         with its text when still held; and the cursor to pass next. For caches to catch up with
         other processes' writes; cheap when nothing changed."""
 
+    def view(
+        self,
+        cursor: int,
+        limit: int,
+        digests: Collection[str],
+        source_ids: Collection[str],
+        window: str | None = None,
+    ) -> View:
+        """A decision's reads in one round trip (one statement, one script): `since(cursor,
+        limit)`, `lookup(digests)` with `rests_on` of the summaries found, which of
+        `source_ids` and of those summaries' and found sources' ids are held, and `window`'s
+        depth. Atomic where the store can make it so; never staler than the calls it replaces."""
+
     def sources(self, limit: int) -> list[tuple[Source, str]]:
         """The most recently put sources still held (for inspection and adapters' tests)."""
 
@@ -315,6 +352,7 @@ class Ledger:
         self.max_texts = max_texts
         self.max_windows = max_windows
         self._key = store.secret()
+        self._reader: Store = store  # what recognition reads: the store, or see `_viewed`
         self._lock = threading.RLock()
         self._entries: OrderedDict[str, Entry] = OrderedDict()  # digest -> entry, LRU
         self._summaries: dict[str, Entry] = {}  # summary id -> entry, for the cached ones
@@ -468,7 +506,52 @@ class Ledger:
         blocks, Regions, nested lists); TypeError naming the part it cannot read."""
         items: list[Region | str] = list(_shapes.read(value, keep=(Region,)))
         with self._lock:
+            return self._viewed(items, window)
+
+    def _viewed(self, items: list[Region | str], window: str) -> Resolution:
+        """Resolve `items` and read the store once (`Store.view`): other processes' writes, the
+        whole messages not cached, and the liveness of every source the region rests on.
+
+        Recognition runs first on what is cached, the store's reads deferred; the view then
+        answers them all at once. Only when the view changes what the input is made of (a
+        message this process had not cached, a text another process recorded that the input
+        contains) is it resolved again, with what the view brought, and the store asked again
+        only for what that still lacks (liveness of a newly found source, by anchor...).
+        """
+        asked: list[str] = []
+        first = self._reading(_Deferred(self.store, asked), items)
+        depth_of = None if window in self._windows else window
+        try:
+            view = self.store.view(self._cursor, 1024, asked, first.region.sources, depth_of)
+        except Exception as exc:  # fail closed, from what is cached, asking nothing more
+            return replace(self._reading(_Failing(exc), items), failure=exc)
+        known = view.asked(first.region.sources)
+        changed = self._take(view.since, items) or bool(view.entries)
+        self._cursor = view.cursor
+        for entry in view.entries.values():
+            self._remember(entry)
+        for summary_id, sources in view.rests_on.items():
+            self._closure(summary_id, sources)
+        if view.depth is not None:
+            self._windows[window] = view.depth
+            while len(self._windows) > self.max_windows:
+                self._windows.popitem(last=False)
+        found = first
+        if len(view.since) >= 1024:  # far behind: catch up the usual way, then resolve
+            found = self._resolve(items)
+        elif changed:  # caught up by the view: resolve again from what it brought
+            found = self._reading(_Deferred(self.store, None, answered=set(asked)), items)
+        if found.region.sources <= known:
+            return replace(found, live=view.live & found.region.sources)
+        return found  # a source found since: the caller asks the store (`live`)
+
+    def _reading(self, reader: Any, items: list[Region | str]) -> Resolution:
+        """Resolve `items` with recognition reading through `reader` (`_Deferred`, `_Failing`)."""
+        self._reader = cast(Store, reader)
+        try:
             return self._resolve(items)
+        finally:
+            self._reader = self.store
 
     def _resolve(self, items: list[Region | str]) -> Resolution:
         try:
@@ -591,7 +674,7 @@ class Ledger:
             if anchor is not None:
                 anchors.setdefault(anchor, []).append(at)
         found: list[tuple[int, int, str]] = []
-        for entry in self.store.by_anchor(list(anchors)) if anchors else ():
+        for entry in self._reader.by_anchor(list(anchors)) if anchors else ():
             for at in anchors.get(entry.anchor or "", ()):
                 if at + entry.size <= len(data):
                     found.append((at, at + entry.size, entry.digest))
@@ -603,7 +686,7 @@ class Ledger:
         """Bring the entries of `digests` not cached from the store, in one lookup."""
         missing = [d for d in dict.fromkeys(digests) if d not in self._entries]
         if missing:
-            for entry in self.store.lookup(missing).values():
+            for entry in self._reader.lookup(missing).values():
                 self._remember(entry)
 
     def _region(self, entry: Entry, chars: int, closures: dict[str, frozenset[str]]) -> Region:
@@ -644,7 +727,7 @@ class Ledger:
         while todo:
             parent = self._summaries.get(todo.pop())
             if parent is None:
-                return self.store.rests_on([entry.id])[entry.id]
+                return self._reader.rests_on([entry.id])[entry.id]
             sources.update(parent.sources)
             for grand in parent.parents:
                 if grand not in seen:
@@ -713,21 +796,76 @@ class Ledger:
     def _catch_up(self) -> None:
         """Index texts other processes (or this one) recorded since we last looked."""
         while True:
-            cursor, items = self.store.since(self._cursor, 1024)
+            cursor, items = self._reader.since(self._cursor, 1024)
             self._cursor = cursor
-            for entry, text in items:
-                cached = self._entries.get(entry.digest)
-                if cached is not None and cached != entry:  # recorded again elsewhere: merged
-                    self._remember(entry)
-                if cached is not None and entry.digest in self._index:
-                    continue
-                if text is not None:
-                    self._learn(entry, encode(text))
-                else:
-                    self._remember(entry)
-                    # Known, text gone: a summary must still be found inside longer input, so
-                    # ask the store. (An evicted source found there or not is dead either way.)
-                    if entry.anchor is not None and entry.depth > 0:
-                        self._complete = False
+            self._take(items)
             if len(items) < 1024:
                 return
+
+    def _take(
+        self, items: list[tuple[Entry, str | None]], within: list[Region | str] | None = None
+    ) -> bool:
+        """Learn entries recorded elsewhere (`since`); True when one may change what `within`
+        (an input) is made of: it changed a cached entry, or its text is in the input, or it
+        cannot be looked for (no text)."""
+        changed = False
+        for entry, text in items:
+            if entry.depth > 0 and entry.window in self._windows:  # a deeper pass elsewhere
+                self._windows[entry.window] = max(self._windows[entry.window], entry.depth)
+            cached = self._entries.get(entry.digest)
+            if cached is not None and cached != entry:  # recorded again elsewhere: merged
+                self._remember(entry)
+                changed = True
+            if cached is not None and entry.digest in self._index:
+                continue
+            if text is not None:
+                data = encode(text)
+                self._learn(entry, data)
+                if within is not None and not changed:
+                    changed = any(isinstance(i, str) and text in i for i in within)
+            else:
+                self._remember(entry)
+                # Known, text gone: a summary must still be found inside longer input, so
+                # ask the store. (An evicted source found there or not is dead either way.)
+                if entry.anchor is not None and entry.depth > 0:
+                    self._complete = False
+                    changed = True
+        return changed
+
+
+class _Deferred:
+    """The store as recognition sees it around a `Store.view`: catching up is the view's; on the
+    first pass looking up is too (the digests asked are noted in `asked`), and after it the
+    digests the view `answered` are not asked again; anything else is asked at once."""
+
+    def __init__(
+        self, store: Store, asked: list[str] | None, answered: Collection[str] = ()
+    ) -> None:
+        self._store, self._asked, self._answered = store, asked, answered
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def since(self, cursor: int, limit: int) -> tuple[int, list[tuple[Entry, str | None]]]:
+        return cursor, []
+
+    def lookup(self, digests: Collection[str]) -> dict[str, Entry]:
+        if self._asked is None:
+            missing = [d for d in digests if d not in self._answered]
+            return self._store.lookup(missing) if missing else {}
+        self._asked.extend(digests)
+        return {}
+
+
+class _Failing:
+    """The store when it did not answer a view: every read fails at once with the same error,
+    so recognition fails closed from what is cached without waiting out a timeout per read."""
+
+    def __init__(self, error: Exception) -> None:
+        self._error = error
+
+    def __getattr__(self, name: str) -> Any:
+        def fail(*args: Any, **kwargs: Any) -> Any:
+            raise self._error
+
+        return fail

@@ -23,7 +23,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from policyhook._errors import StoreUnavailableError
-from policyhook._provenance import Entry, FactRecord, Region, Source, State
+from policyhook._provenance import Entry, FactRecord, Region, Source, State, View
 
 #: The layout version this code writes, kept in `{ns}:meta`. 1: the store; 2: per-fact
 #: provenance (`facts:S` keys; nothing to convert, so migrating is raising the version).
@@ -292,6 +292,93 @@ return out
 """
 )
 
+# KEYS: seq log entries stext owner live dead src recent expiry srcinfo links windows
+# ARGV: cursor limit window ('' for none) n_digests digests... source_ids...
+# -> {since flat [seq, entry, text or false, ...], found entries, closure flat [root, source, ...],
+#     held ids, window depth or false}: one script, one round trip.
+_VIEW = (
+    _LIB
+    + """
+local function items(s)
+  local out, pos = {}, 1
+  while pos <= #s do
+    local colon = string.find(s, ':', pos, true)
+    local n = tonumber(string.sub(s, pos, colon - 1))
+    out[#out + 1] = string.sub(s, colon + 1, colon + n)
+    pos = colon + n + 1
+  end
+  return out
+end
+local cursor, limit, window, n = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local now = now_ms()
+local since = {}
+if tonumber(redis.call('GET', KEYS[1]) or '0') > cursor then
+  local rows = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. cursor, '+inf', 'WITHSCORES',
+    'LIMIT', 0, limit)
+  for i = 1, #rows, 2 do
+    local digest = rows[i]
+    local text = redis.call('HGET', KEYS[4], digest)
+    if not text then
+      local id = redis.call('HGET', KEYS[5], digest)
+      text = false
+      if id and held(KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], id, now) then
+        local info = redis.call('HGET', KEYS[11], id)
+        if string.sub(info, 1, 32) == digest then text = redis.call('HGET', KEYS[8], id) end
+      end
+    end
+    since[#since + 1] = rows[i + 1]
+    since[#since + 1] = redis.call('HGET', KEYS[3], digest)
+    since[#since + 1] = text
+  end
+end
+local found, closure, ask, asked = {}, {}, {}, {}
+local function want(id)
+  if not asked[id] then asked[id] = true; ask[#ask + 1] = id end
+end
+for i = 5, 4 + n do
+  local entry = redis.call('HGET', KEYS[3], ARGV[i])
+  if entry then
+    found[#found + 1] = entry
+    local id = redis.call('HGET', KEYS[5], ARGV[i])
+    if id then want(id) end  -- a source's own text
+  end
+end
+for i = 5 + n, #ARGV do want(ARGV[i]) end
+-- Summaries found: every source each rests on (each parent followed once), by entry id. The
+-- ids come from the entries' JSON: read only the links hash, keyed by id, for the walk.
+local roots = {}
+for _, entry in ipairs(found) do
+  local fields = cjson.decode(entry)
+  if fields[3] > 0 then roots[#roots + 1] = fields[2] end
+end
+for _, root in ipairs(roots) do
+  local seen, todo, got = {[root] = true}, {root}, {}
+  while #todo > 0 do
+    local links = redis.call('HGET', KEYS[12], table.remove(todo))
+    if links then
+      local list = items(links)
+      local parents = tonumber(list[1])
+      for i = 2, #list do
+        local id = list[i]
+        if i <= parents + 1 then
+          if not seen[id] then seen[id] = true; todo[#todo + 1] = id end
+        elseif not got[id] then
+          got[id] = true; closure[#closure + 1] = root; closure[#closure + 1] = id; want(id)
+        end
+      end
+    end
+  end
+end
+local live = {}
+for _, id in ipairs(ask) do
+  if held(KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], id, now) then live[#live + 1] = id end
+end
+local depth = false
+if window ~= '' then depth = redis.call('HGET', KEYS[13], window) or '0' end
+return {since, found, closure, live, depth}
+"""
+)
+
 # KEYS: live dead src recent expiry srcinfo | ARGV: limit -> flat [id, info, text, ...]
 _SOURCES = (
     _LIB
@@ -446,6 +533,7 @@ class RedisStore:
         self._since, self._sources = script(_SINCE), script(_SOURCES)
         self._summaries = script(_SUMMARIES)
         self._facts, self._migrate = script(_FACTS), script(_MIGRATE)
+        self._view = script(_VIEW)
         self._secret: bytes = self._run("open", self._open)
 
     def __repr__(self) -> str:
@@ -607,6 +695,38 @@ class RedisStore:
             for i in range(0, len(flat), 3)
         ]
         return (int(flat[-3]) if flat else cursor), out
+
+    def view(
+        self,
+        cursor: int,
+        limit: int,
+        digests: Collection[str],
+        source_ids: Collection[str],
+        window: str | None = None,
+    ) -> View:
+        """One script (`_VIEW`): since, lookup, the found summaries' closures, liveness of every
+        id asked or found, the window's depth; judged on the server's clock."""
+        k = self._k
+        keys = [k["seq"], k["log"], k["entries"], k["stext"], k["owner"], *self._held]
+        keys += [k["srcinfo"], k["links"], k["windows"]]
+        argv: list[Any] = [cursor, limit, b"" if window is None else _b(window), len(digests)]
+        argv += [*digests, *map(_b, source_ids)]
+        since, found, closure, live, depth = self._run("view", self._view, keys, argv)
+        entries = {e.digest: e for e in map(_load, found)}
+        rests_on: dict[str, set[str]] = {e.id: set() for e in entries.values() if e.depth > 0}
+        for i in range(0, len(closure), 2):
+            rests_on[_s(closure[i])].add(_s(closure[i + 1]))
+        return View(
+            cursor=int(since[-3]) if since else cursor,
+            since=[
+                (_load(since[i + 1]), None if since[i + 2] is None else _s(since[i + 2]))
+                for i in range(0, len(since), 3)
+            ],
+            entries=entries,
+            rests_on={key: frozenset(v) for key, v in rests_on.items()},
+            live=frozenset(map(_s, live)),
+            depth=None if window is None else int(depth),
+        )
 
     def sources(self, limit: int) -> list[tuple[Source, str]]:
         flat = self._run("sources", self._sources, [*self._held, self._k["srcinfo"]], [limit])

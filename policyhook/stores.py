@@ -16,6 +16,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from policyhook._provenance import (
     Source,
     State,
     Store,
+    View,
     anchor_of,
     digest,
     encode,
@@ -192,6 +194,22 @@ class MemoryStore:
                 else:
                     out.append((entry, self._texts.get(d)))
             return cursor + len(digests), out
+
+    def view(
+        self,
+        cursor: int,
+        limit: int,
+        digests: Collection[str],
+        source_ids: Collection[str],
+        window: str | None = None,
+    ) -> View:
+        """In process, so its own calls (a subclass overriding one is still heard)."""
+        cursor, items = self.since(cursor, limit)
+        entries = self.lookup(digests)
+        rests_on = self.rests_on([e.id for e in entries.values() if e.depth > 0])
+        view = View(cursor, items, entries, rests_on, frozenset())
+        depth = None if window is None else self.window_depth(window)
+        return replace(view, live=self.live(view.asked(source_ids)), depth=depth)
 
     def sources(self, limit: int) -> list[tuple[Source, str]]:
         with self._lock:
@@ -672,6 +690,49 @@ class SQLiteStore:
             (_entry(r[1:-1]), None if r[-1] is None else _text(r[-1])) for r in rows
         ]
 
+    def view(
+        self,
+        cursor: int,
+        limit: int,
+        digests: Collection[str],
+        source_ids: Collection[str],
+        window: str | None = None,
+    ) -> View:
+        """One statement: each part of the view is a tagged row of one compound SELECT."""
+        with self._lock:
+            self._check_file()
+            rows = self._db.execute(
+                _VIEW,
+                {
+                    "digests": json.dumps(list(digests)),
+                    "ids": json.dumps(list(source_ids)),
+                    "cursor": cursor,
+                    "limit": limit,
+                    "now": time.time(),
+                    "window": window,
+                },
+            ).fetchall()
+            since = [r for r in rows if r[0] == "s"]
+            if since:
+                self._head = max(self._head, since[-1][1])
+        entries = {e.digest: e for e in (_entry(r[2:12]) for r in rows if r[0] == "f")}
+        rests_on: dict[str, set[str]] = {e.id: set() for e in entries.values() if e.depth > 0}
+        for r in rows:
+            if r[0] == "c":
+                rests_on[_text(r[3])].add(_text(r[12]))
+        depth = 0 if window is not None else None
+        for r in rows:
+            if r[0] == "w":
+                depth = int(r[1])
+        return View(
+            cursor=since[-1][1] if since else cursor,
+            since=[(_entry(r[2:12]), None if r[12] is None else _text(r[12])) for r in since],
+            entries=entries,
+            rests_on={k: frozenset(v) for k, v in rests_on.items()},
+            live=frozenset(_text(r[3]) for r in rows if r[0] == "l"),
+            depth=depth,
+        )
+
     def sources(self, limit: int) -> list[tuple[Source, str]]:
         with self._lock:
             rows = self._db.execute(
@@ -691,6 +752,42 @@ class SQLiteStore:
         held = [(_entry(r[:-1]), _text(r[-1])) for r in reversed(rows)]
         closures = self.rests_on([e.id for e, _ in held])
         return [(_region(e, closures[e.id]), t) for e, t in held]
+
+
+#: `SQLiteStore.view`: rows (tag, seq or depth, the entry's columns, text or source id), tagged
+#: s (since, in order), f (found by digest), c (a found summary's root id and one of its sources,
+#: transitively), l (a held source id), w (the window's depth).
+_VIEW = f"""
+WITH RECURSIVE
+found AS (
+    SELECT e.* FROM json_each(:digests) AS j JOIN entries AS e ON e.digest = j.value),
+up (root, id) AS (
+    SELECT id, id FROM found WHERE depth > 0
+    UNION
+    SELECT up.root, p.value FROM up
+    JOIN entries AS e ON e.id = up.id AND e.depth > 0, json_each(e.parents) AS p),
+closure (root, source) AS (
+    SELECT up.root, d.value FROM up
+    JOIN entries AS e ON e.id = up.id AND e.depth > 0, json_each(e.direct) AS d),
+ask (id) AS (
+    SELECT value FROM json_each(:ids) UNION SELECT source FROM closure
+    UNION SELECT id FROM found WHERE depth = 0)
+SELECT * FROM (
+    SELECT 's', e.seq, {_E_COLUMNS}, CASE WHEN e.depth > 0 THEN e.text ELSE
+        (SELECT s.text FROM sources AS s WHERE s.id = e.id AND s.state = 'live') END
+    FROM entries AS e WHERE e.seq > :cursor ORDER BY e.seq LIMIT :limit)
+UNION ALL
+SELECT 'f', e.seq, {_E_COLUMNS}, NULL FROM found AS e
+UNION ALL
+SELECT 'c', NULL, NULL, root, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, source FROM closure
+UNION ALL
+SELECT 'l', NULL, NULL, s.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM ask JOIN sources AS s ON s.id = ask.id
+WHERE s.state = 'live' AND (s.expires IS NULL OR s.expires > :now)
+UNION ALL
+SELECT 'w', depth, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM windows WHERE window = :window
+"""
 
 
 def _wal(db: sqlite3.Connection, timeout: float = 5.0) -> None:

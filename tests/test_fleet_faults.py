@@ -103,7 +103,7 @@ class TestServerDown:
         assert warning.exc_info is not None
         reason = str(warning.exc_info[1])
         assert isinstance(warning.exc_info[1], StoreUnavailableError)
-        assert "127.0.0.1" in reason and "live failed" in reason, reason
+        assert "127.0.0.1" in reason and "view failed" in reason, reason
 
         running.start()
         back = guard.check(out, summarizer="compact")
