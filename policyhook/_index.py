@@ -28,13 +28,16 @@ _BATCH = 32
 _FANOUT = 4
 #: Offsets tried for a unique anchor before sharing one.
 _TRIES = 16
-#: Inputs at least this long fold the batch into an automaton first (one pass per automaton
-#: beats one `find` per batched text) and are searched with DFAs, built once per level on demand
-#: (twice as fast to search, ten times dearer to build: only for levels of tier 2 and up, which
-#: are rebuilt rarely) ...
+#: Inputs at least this long are searched in as few passes as pays: the levels under the largest
+#: merge into one (when that build costs less than one more pass), and the batch becomes a small
+#: automaton instead of one `find` per batched text ...
 _LARGE_INPUT = 64 * 1024
-#: ... for levels of at most this many anchors (a DFA takes ~14 KB per anchor).
-_DFA_MAX_ANCHORS = 2048
+#: ... where building an anchor into an automaton costs about as much as searching this many
+#: input bytes with one (measured with ahocorasick-rs on 32-byte anchors) ...
+_BUILD_BYTES = 256
+#: ... and DFAs (twice as fast to search, ten times dearer to build) are used for levels whose
+#: build costs at most one pass: `size * _DFA_BUILD_BYTES <= len(input)`.
+_DFA_BUILD_BYTES = 4096
 
 Candidate = tuple[int, int, str, bytes]  # (anchor offset in its text, text size, digest, tail)
 
@@ -52,22 +55,25 @@ class _Level:
             by_anchor.setdefault(anchor, []).append(candidate)
         self.anchors = list(by_anchor)
         self.candidates = list(by_anchor.values())
-        self.automaton = ahocorasick_rs.BytesAhoCorasick(
-            self.anchors, implementation=ahocorasick_rs.Implementation.ContiguousNFA
-        )
+        self.automaton: ahocorasick_rs.BytesAhoCorasick | None = None
         self._dfa: ahocorasick_rs.BytesAhoCorasick | None = None
 
     def items(self) -> list[tuple[bytes, Candidate]]:
         return [(a, c) for a, cs in zip(self.anchors, self.candidates, strict=True) for c in cs]
 
-    def searcher(self, large: bool) -> ahocorasick_rs.BytesAhoCorasick:
-        if not large or self.tier < 2 or len(self.anchors) > _DFA_MAX_ANCHORS:
-            return self.automaton
-        if self._dfa is None:
-            self._dfa = ahocorasick_rs.BytesAhoCorasick(
-                self.anchors, implementation=ahocorasick_rs.Implementation.DFA
+    def searcher(self, size: int) -> ahocorasick_rs.BytesAhoCorasick:
+        """The automaton to search an input of `size` bytes with (built on first use)."""
+        if self.size * _DFA_BUILD_BYTES <= size:
+            if self._dfa is None:
+                self._dfa = ahocorasick_rs.BytesAhoCorasick(
+                    self.anchors, implementation=ahocorasick_rs.Implementation.DFA
+                )
+            return self._dfa
+        if self.automaton is None:
+            self.automaton = ahocorasick_rs.BytesAhoCorasick(
+                self.anchors, implementation=ahocorasick_rs.Implementation.ContiguousNFA
             )
-        return self._dfa
+        return self.automaton
 
 
 class Index:
@@ -76,6 +82,7 @@ class Index:
     def __init__(self) -> None:
         self._levels: list[_Level] = []  # largest first
         self._fresh: list[tuple[bytes, Candidate]] = []
+        self._batch: _Level | None = None  # the batch as one automaton, for large inputs
         self._used: dict[bytes, int] = {}  # anchor -> texts using it
         self._digests: set[str] = set()
         self._dropped: set[str] = set()  # digests to leave out at the next merge
@@ -95,13 +102,14 @@ class Index:
         self._used[anchor] = self._used.get(anchor, 0) + 1
         self._digests.add(digest)
         self._fresh.append((anchor, (offset, len(data), digest, data[-_TAIL:])))
+        self._batch = None
         if len(self._fresh) >= _BATCH:
             self._fold()
 
     def _fold(self) -> None:
         """The batch becomes a tier-0 automaton; full tiers merge upwards."""
         self._levels.append(_Level(self._fresh, 0))
-        self._fresh = []
+        self._fresh, self._batch = [], None
         while len(self._levels) >= _FANOUT:
             tier = self._levels[-1].tier
             group = self._levels[-_FANOUT:]
@@ -140,17 +148,24 @@ class Index:
 
     def find(self, data: bytes) -> list[tuple[int, int, str]]:
         """(start, end, digest) of every place in `data` where a known text may lie; unconfirmed."""
-        if len(data) < MIN_BYTES:
+        size = len(data)
+        if size < MIN_BYTES:
             return []
         found: list[tuple[int, int, str]] = []
-        size = len(data)
-        large = size >= _LARGE_INPUT
-        if large and self._fresh:
-            self._fold()
+        levels = self._levels
+        fresh = self._fresh
+        if size >= _LARGE_INPUT:
+            self._consolidate(size)
+            levels = self._levels
+            if fresh:  # one pass of a small automaton, not one `find` per batched text
+                if self._batch is None:
+                    self._batch = _Level(fresh, 0)
+                levels = [*levels, self._batch]
+                fresh = []
         dropped = self._dropped
-        for level in self._levels:
+        for level in levels:
             candidates = level.candidates
-            for index, at, _ in level.searcher(large).find_matches_as_indexes(
+            for index, at, _ in level.searcher(size).find_matches_as_indexes(
                 data, overlapping=True
             ):
                 for offset, length, digest, tail in candidates[index]:
@@ -163,7 +178,7 @@ class Index:
                         and digest not in dropped
                     ):
                         found.append((start, end, digest))
-        for anchor, (offset, length, digest, tail) in self._fresh:
+        for anchor, (offset, length, digest, tail) in fresh:
             at = data.find(anchor)
             while at != -1:
                 start = at - offset
@@ -177,3 +192,17 @@ class Index:
                     found.append((start, end, digest))
                 at = data.find(anchor, at + 1)
         return found
+
+    def _consolidate(self, size: int) -> None:
+        """Before a large input: the levels under the largest merge into one when building it
+        costs less than the passes it saves (each level is one pass over the input)."""
+        if len(self._levels) < 3:
+            return
+        largest = max(self._levels, key=lambda level: level.size)
+        rest = [level for level in self._levels if level is not largest]
+        if sum(level.size for level in rest) * _BUILD_BYTES > size * (len(rest) - 1):
+            return
+        kept = [i for level in rest for i in level.items() if self._keep(i)]
+        self._levels = [largest]
+        if kept:
+            self._levels.append(_Level(kept, max(level.tier for level in rest)))

@@ -419,8 +419,7 @@ class Ledger:
         """The entry `text` must keep once registered under `source`, if it bears summaries."""
         with self._lock:
             key = digest(self._key, data)
-            self._fetch([key])
-            known = self._entries.get(key)
+            known = self._fetch([key]).get(key)
             if known is not None and known.depth > 0:  # a summary's own text: keep its id
                 return replace(
                     known,
@@ -569,17 +568,21 @@ class Ledger:
         unregistered: list[tuple[str, str]] = []
         closures: dict[str, frozenset[str]] = {}
         failure: Exception | None = None
+        known: dict[str, Entry] = {}
         try:
-            self._fetch([d for d, i in zip(digests, items, strict=True) if isinstance(i, str)])
-        except Exception as exc:
+            known = self._fetch(
+                [d for d, i in zip(digests, items, strict=True) if isinstance(i, str)]
+            )
+        except Exception as exc:  # what the cache holds is still recognised
             failure = exc
         for item, data, key in zip(items, encoded, digests, strict=True):
             if isinstance(item, Region):
                 parts.append(item)
                 continue
-            entry = self._entries.get(key)
+            entry = known.get(key) or self._entries.get(key)
             if entry is not None:
-                self._entries.move_to_end(key)
+                if key in self._entries:
+                    self._entries.move_to_end(key)
                 try:
                     parts.append(self._region(entry, len(item), closures))
                     continue
@@ -624,43 +627,61 @@ class Ledger:
     ) -> None:
         """The known texts inside one message and the unrecognised gaps between them."""
         cursor = 0
-        for start, end, found in self._find(data):
+        found, overlapped = self._find(data)
+        for start, end, entry in found:
             self._gap(data[cursor:start], parts, unregistered, key, cursor)
             chars = len(data[start:end].decode("utf-8", "surrogatepass"))
-            parts.append(self._region(found, chars, closures))
+            parts.append(self._region(entry, chars, closures))
             cursor = end
         if cursor == 0:
             self._gap(data, parts, unregistered, key, -1, text)  # the whole message
         else:
             self._gap(data[cursor:], parts, unregistered, key, cursor)
+        # A known text overlapping the end of one found before it is in the input whole too: the
+        # region rests on it as well (its depth and sources), its characters counted once.
+        parts.extend(self._region(entry, 0, closures) for entry in overlapped)
 
-    def _find(self, data: bytes) -> list[tuple[int, int, Entry]]:
-        """Known texts inside `data`: non-overlapping, leftmost first, longest on a tie."""
-        candidates = self._index.find(data)
-        if not self._complete:
-            candidates += self._ask_store(data, candidates)
-        hits: list[tuple[int, int, str]] = []
-        for start, end, key in set(candidates):
-            if digest(self._key, data[start:end]) == key:
-                hits.append((start, start - end, key))
-        hits.sort()
-        self._fetch([key for _, _, key in hits])
+    def _find(self, data: bytes) -> tuple[list[tuple[int, int, Entry]], list[Entry]]:
+        """Known texts inside `data`: non-overlapping, leftmost first, longest on a tie; and the
+        known texts that start inside one of those and end past it (their end would otherwise
+        pass for original content)."""
+        hits = self._confirmed(data, self._index.find(data))
+        if not self._complete:  # texts the cache does not hold, where no known text lies
+            hits |= self._confirmed(data, self._ask_store(data, hits))
+        ordered = sorted((start, start - end, key) for start, end, key in hits)
+        known = self._fetch([key for _, _, key in ordered])
         out: list[tuple[int, int, Entry]] = []
+        overlapped: list[Entry] = []
         cursor = 0
-        for start, negative, key in hits:
-            entry = self._entries.get(key)
-            if start >= cursor and entry is not None:
+        for start, negative, key in ordered:
+            entry = known.get(key)
+            if entry is None:  # confirmed by digest, so known: only a racing eviction
+                continue
+            if start >= cursor:
                 cursor = start - negative
                 out.append((start, cursor, entry))
-        return out
+            elif start - negative > cursor:  # starts inside the last one found, ends past it
+                overlapped.append(entry)
+        return out, overlapped
+
+    def _confirmed(
+        self, data: bytes, candidates: Iterable[tuple[int, int, str]]
+    ) -> set[tuple[int, int, str]]:
+        """The candidates whose bytes are the known text (same keyed digest)."""
+        return {
+            (start, end, key)
+            for start, end, key in set(candidates)
+            if digest(self._key, data[start:end]) == key
+        }
 
     def _ask_store(
-        self, data: bytes, known: list[tuple[int, int, str]]
+        self, data: bytes, known: set[tuple[int, int, str]]
     ) -> list[tuple[int, int, str]]:
         """Where texts the store knows but this process does not cache may start in `data`.
 
-        Only while the cache does not hold every text: each position not inside a text already
-        found is looked up by anchor, in one store call. Linear, but hashing every position costs
+        Only while the cache does not hold every text: each position not inside a known text
+        found there (confirmed: an unconfirmed candidate must not hide one) is looked up by
+        anchor, in one store call. Linear, but hashing every position costs
         far more than the automaton: `max_texts` should hold a working set.
         """
         covered = bytearray(len(data) + 1)
@@ -682,12 +703,24 @@ class Ledger:
                         self._learn(entry, data[at : at + entry.size], check=True)
         return found
 
-    def _fetch(self, digests: list[str]) -> None:
-        """Bring the entries of `digests` not cached from the store, in one lookup."""
-        missing = [d for d in dict.fromkeys(digests) if d not in self._entries]
+    def _fetch(self, digests: list[str]) -> dict[str, Entry]:
+        """The known entries of `digests`: cached, or brought from the store in one lookup.
+
+        Returned for the caller to use, not read back from the cache: caching one entry may
+        evict another found in the same input."""
+        found: dict[str, Entry] = {}
+        missing: list[str] = []
+        for key in dict.fromkeys(digests):
+            entry = self._entries.get(key)
+            if entry is None:
+                missing.append(key)
+            else:
+                found[key] = entry
         if missing:
-            for entry in self._reader.lookup(missing).values():
+            for key, entry in self._reader.lookup(missing).items():
                 self._remember(entry)
+                found[key] = entry
+        return found
 
     def _region(self, entry: Entry, chars: int, closures: dict[str, frozenset[str]]) -> Region:
         if entry.depth == 0:  # a source's entry rests on itself alone

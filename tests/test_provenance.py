@@ -381,6 +381,18 @@ class TestRecognitionOverlaps:
         region = ledger.resolve(f"earlier turns: {summary} then more", "w").region
         assert region.depth == 1
 
+    def test_summary_overlapping_the_end_of_a_source_is_a_summary(self) -> None:
+        """A summary whose text starts inside a source's and runs past it is in the input whole:
+        the region rests on it too (its end used to pass for original content: a wrong allow)."""
+        ledger = Ledger(MemoryStore())
+        source = "retry ceiling is 7 for the billing job, said the config"
+        ledger.record_source(source, "config_read", "cfg")
+        summary = "said the config; retries back off exponentially after that"
+        ledger.record_summary(summary, Region("r", sources=frozenset({"gone"})), "w")
+        text = source + summary[len("said the config") :]
+        region = ledger.resolve(f"turn: {text} end", "w").region
+        assert region.depth == 1 and {"cfg", "gone"} <= region.sources
+
     def test_text_recorded_as_source_and_summary(self) -> None:
         """The same text known as a source and as a summary resolves instead of crashing."""
         ledger = Ledger(MemoryStore())
@@ -407,6 +419,24 @@ class TestRecognitionOverlaps:
             ledger.record_summary(text, Region(f"r{i}", sources=frozenset({f"s{i}"})), "w")
             region = ledger.resolve(f"turns before. {text} turns after.", "w").region
             assert f"s{i}" in region.sources and region.depth == 1
+
+    @pytest.mark.parametrize("size", [1_000, 70_000, 300_000])
+    def test_every_summary_is_found_in_small_and_large_inputs(self, size: int) -> None:
+        """Large inputs are searched with merged automata and the new texts' batch as one: each
+        of 300 summaries recorded one by one (some in automata, some still in the batch, some
+        past the cache) is found, wherever it sits in an input of `size` characters."""
+        ledger = Ledger(MemoryStore(), max_texts=250)
+        texts = [
+            f"summary {i:03}: the ceiling {i * 7} was kept; " + "words " * 8 for i in range(300)
+        ]
+        for i, text in enumerate(texts):
+            ledger.record_summary(text, Region(f"r{i}", sources=frozenset({f"s{i}"})), "w")
+        filler = "plain new words. " * (size // 17 // 30 + 1)
+        for picked in (range(0, 300, 29), range(280, 300), range(5, 300, 7)):
+            value = filler.join(texts[i] for i in picked)
+            region = ledger.resolve(f"head {filler}{value}{filler} tail", "w").region
+            assert {f"s{i}" for i in picked} <= region.sources and region.depth == 1
+            ledger.record_summary(f"one more output {len(value)}: " + "x" * 40, region, "w")
 
 
 class _Unreachable(MemoryStore):
