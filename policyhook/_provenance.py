@@ -12,7 +12,7 @@ import logging
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, cast, runtime_checkable
 
@@ -539,7 +539,8 @@ class Ledger:
         if len(view.since) >= 1024:  # far behind: catch up the usual way, then resolve
             found = self._resolve(items)
         elif changed:  # caught up by the view: resolve again from what it brought
-            found = self._reading(_Deferred(self.store, None, answered=set(asked)), items)
+            again = _Deferred(self.store, None, answered=set(asked), entries=view.entries)
+            found = self._reading(again, items)
         if found.region.sources <= known:
             return replace(found, live=view.live & found.region.sources)
         return found  # a source found since: the caller asks the store (`live`)
@@ -872,9 +873,14 @@ class _Deferred:
     digests the view `answered` are not asked again; anything else is asked at once."""
 
     def __init__(
-        self, store: Store, asked: list[str] | None, answered: Collection[str] = ()
+        self,
+        store: Store,
+        asked: list[str] | None,
+        answered: Collection[str] = (),
+        entries: Mapping[str, Entry] | None = None,
     ) -> None:
         self._store, self._asked, self._answered = store, asked, answered
+        self._entries = entries or {}  # the view's answers: given again, whatever the cache kept
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
@@ -884,8 +890,11 @@ class _Deferred:
 
     def lookup(self, digests: Collection[str]) -> dict[str, Entry]:
         if self._asked is None:
+            found = {d: self._entries[d] for d in digests if d in self._entries}
             missing = [d for d in digests if d not in self._answered]
-            return self._store.lookup(missing) if missing else {}
+            if missing:
+                found.update(self._store.lookup(missing))
+            return found
         self._asked.extend(digests)
         return {}
 

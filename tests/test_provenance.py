@@ -249,6 +249,19 @@ class TestExactWhateverIsCached:
         region = guard.ledger.resolve(all_shapes(source_text(1))[3], "w").region
         assert ids[1] in region.sources
 
+    def test_more_whole_messages_than_the_cache_holds(self) -> None:
+        """An input of 300 known short summaries (whole messages, no anchor) read by a process
+        whose cache holds 250: every one is a summary, though caching the store's answers
+        evicts some of them before the input is resolved with them."""
+        store = MemoryStore()
+        ledger = Ledger(store, max_texts=250)
+        texts = [f"short {i:03}" for i in range(300)]
+        for i, text in enumerate(texts):
+            ledger.record_summary(text, Region(f"r{i}", sources=frozenset({f"s{i}"})), "w")
+        for reader in (ledger, Ledger(store, max_texts=250)):  # this process, a cold one
+            region = reader.resolve(texts, "w").region
+            assert {f"s{i}" for i in range(300)} <= region.sources and region.depth == 1
+
     def test_summary_carried_into_another_window(self) -> None:
         """Regression: a summary carried into another window (a fork) was not recognised."""
         ledger = Ledger(MemoryStore())
