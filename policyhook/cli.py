@@ -2,8 +2,9 @@
 
 The work is done by the library: policies by policyhook._loader, the test runner by
 policyhook._tester (public as policyhook.testing.run_tests), replay by policyhook._replay, the
-demo by policyhook._demo, the Claude Code hook by policyhook.adapters.claude_code, which parses
-its own options (its usage errors must become a fail-closed answer, never an exit code).
+demo by policyhook._demo, the Claude Code hooks by policyhook.adapters.claude_code and
+claude_postcompact (their options are parsed here too, by parsers whose usage errors become the
+hook's answer, never argparse's exit 2).
 
 Exit codes (policyhook._exit, docs/cli.md): 0 ok; 1 a problem found (policy errors, failed test
 cases, changed decisions with --fail-on-change); 2 bad usage or unreadable input (a missing
@@ -20,12 +21,17 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
-from policyhook._exit import Exit
+from policyhook._exit import Exit, HookExit
 
-OTLP_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
+DEMO_SERVICE = "policyhook-demo"
 STORE_ENV = "POLICYHOOK_STORE"
+#: The Claude Code hooks' option defaults (docs/claude-code.md).
+CLAUDE_STORE_ENV = "POLICYHOOK_CLAUDE_STORE"
+AUTO_REFUSAL_ENV = "POLICYHOOK_CLAUDE_ON_AUTO_REFUSAL"
+TIME_BUDGET_ENV = "POLICYHOOK_CLAUDE_TIME_BUDGET"
+STATE_DIR_ENV = "POLICYHOOK_GROUNDING_DIR"
 #: The policy sets `policyhook init` writes: shipped as package data under policyhook/policy_sets/
 #: and kept identical to policies/ in the repository (tests/test_policy_sets.py).
 POLICY_SETS = ("default", "strict", "audit-rollout")
@@ -210,7 +216,7 @@ def _init(args: argparse.Namespace, out: TextIO) -> int:
     return Exit.OK
 
 
-# -- demo, claude-precompact --------------------------------------------------------------------
+# -- retrieve, demo -----------------------------------------------------------------------------
 
 
 def _retrieve(args: argparse.Namespace, out: TextIO) -> int:
@@ -246,19 +252,20 @@ def _demo(args: argparse.Namespace, out: TextIO) -> int:
     The demo never needs a server: without the SDK, an endpoint from the environment is noted
     and ignored; only an explicit --otlp makes a missing SDK an error.
     """
+    from policyhook import otel
     from policyhook._demo import run
 
     telemetry = None
-    wanted = args.otlp if args.otlp is not None else bool(os.environ.get(OTLP_ENDPOINT_ENV))
-    if wanted:
-        from policyhook.otel import configure
-
-        try:
-            telemetry = configure(service_name="policyhook-demo")
-        except ImportError as exc:
-            if args.otlp:
-                raise UsageError(f"--otlp: {exc}") from None
-            print(f"policyhook demo: not exporting to ${OTLP_ENDPOINT_ENV}: {exc}", file=sys.stderr)
+    try:
+        if args.otlp:
+            telemetry = otel.configure(service_name=DEMO_SERVICE)
+        elif args.otlp is None:
+            telemetry = otel.configure_from_environment(DEMO_SERVICE)
+    except ImportError as exc:
+        if args.otlp:
+            raise UsageError(f"--otlp: {exc}") from None
+        variable = otel.endpoint_from_environment()
+        print(f"policyhook demo: not exporting to ${variable}: {exc}", file=sys.stderr)
     guard = None
     if args.store:
         from policyhook._hook import Guard
@@ -276,21 +283,162 @@ def _demo(args: argparse.Namespace, out: TextIO) -> int:
     return Exit.OK
 
 
-def _claude_precompact(argv: Sequence[str]) -> int:
-    from policyhook.adapters.claude_code import main as precompact
+# -- the Claude Code hooks ----------------------------------------------------------------------
+# Their usage errors are answered in Claude Code's hook protocol, never with argparse's exit 2:
+# Claude Code reads 2 as "block" only when bash runs the hook, and every other code as a
+# non-blocking error (for PreCompact: compact ungated). So a hook's parser raises instead.
 
-    return precompact(argv)
+
+class HookUsageError(Exception):
+    """A hook's bad command line: the hook answers it (claude-precompact: fail closed)."""
+
+
+class _HookParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise HookUsageError(message)
+
+
+def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value > 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+        return value
+
+    return parse
+
+
+def _env(name: str, fallback: Any) -> Any:
+    return os.environ.get(name) or fallback
+
+
+def _precompact_parser() -> argparse.ArgumentParser:
+    from policyhook.adapters import claude_code as hook
+
+    parser = _HookParser(
+        prog="policyhook claude-precompact",
+        description="Claude Code PreCompact hook: reads the hook input JSON on stdin, allows the "
+        'compaction or answers {"decision": "block"}; always exits 0.',
+    )
+    parser.add_argument(
+        "--policies",
+        type=Path,
+        help="policy YAML file or folder (default: the embedded default policy)",
+    )
+    parser.add_argument(
+        "--store",
+        type=Path,
+        default=Path(_env(CLAUDE_STORE_ENV, hook.DEFAULT_STORE)),
+        help=f"SQLite store where originals are archived (default: ${CLAUDE_STORE_ENV} or "
+        f"{hook.DEFAULT_STORE})",
+    )
+    parser.add_argument(
+        "--decision-log", type=Path, help="append one JSON line per decision to this file"
+    )
+    parser.add_argument(
+        "--on-auto-refusal",
+        choices=hook.AUTO_REFUSALS,
+        default=_env(AUTO_REFUSAL_ENV, "pin"),
+        help="a refused automatic compaction: pin (default: archive the history, let it go "
+        "ahead, hand the exact facts to the next window through SessionStart) or block",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(_env(STATE_DIR_ENV, hook.DEFAULT_STATE_DIR)),
+        help="per-session state shared with claude-postcompact (pins for the next SessionStart)",
+    )
+    parser.add_argument(
+        "--context-window",
+        type=_positive(int),
+        default=hook.DEFAULT_CONTEXT_WINDOW,
+        help="the model's context window in tokens, for request.budget_pressure "
+        f"(default {hook.DEFAULT_CONTEXT_WINDOW})",
+    )
+    parser.add_argument(
+        "--time-budget",
+        type=_positive(float),
+        default=_env(TIME_BUDGET_ENV, hook.DEFAULT_TIME_BUDGET),
+        help="seconds the whole hook may take; past it, it blocks (fail closed). Keep it below "
+        f"the hook's `timeout` in Claude Code's settings (default: ${TIME_BUDGET_ENV} or "
+        f"{hook.DEFAULT_TIME_BUDGET:g})",
+    )
+    parser.add_argument(
+        "--max-transcript-bytes",
+        type=_positive(int),
+        default=hook.DEFAULT_MAX_TRANSCRIPT_BYTES,
+        help="a bigger transcript is not read: blocked "
+        f"(default {hook.DEFAULT_MAX_TRANSCRIPT_BYTES})",
+    )
+    parser.add_argument(
+        "--max-line-bytes",
+        type=_positive(int),
+        default=hook.DEFAULT_MAX_LINE_BYTES,
+        help="a longer transcript line is left out, or blocks if it names a compaction "
+        f"(default {hook.DEFAULT_MAX_LINE_BYTES})",
+    )
+    return parser
+
+
+def _claude_precompact(argv: Sequence[str]) -> int:
+    """Always exit 0: a bad command line is answered with a fail-closed block."""
+    from policyhook.adapters import claude_code as hook
+
+    try:
+        args = _precompact_parser().parse_args(argv)
+        if args.on_auto_refusal not in hook.AUTO_REFUSALS:  # argparse checks no default
+            choices = ", ".join(map(repr, hook.AUTO_REFUSALS))
+            raise HookUsageError(
+                f"argument --on-auto-refusal (from ${AUTO_REFUSAL_ENV}): invalid choice: "
+                f"{args.on_auto_refusal!r} (choose from {choices})"
+            )
+    except HookUsageError as exc:
+        hook.undecided(f"bad command line: {exc}", sys.stdout)
+        return HookExit.ANSWERED
+    except SystemExit:  # --help
+        return HookExit.ANSWERED
+    options = hook.Options(
+        policies=args.policies,
+        store=args.store,
+        decision_log=args.decision_log,
+        on_auto_refusal=args.on_auto_refusal,
+        state_dir=args.state_dir,
+        context_window=args.context_window,
+        time_budget=float(args.time_budget),
+        limits=hook.Limits(args.max_transcript_bytes, args.max_line_bytes),
+    )
+    return hook.run(options)
 
 
 def _claude_postcompact(argv: Sequence[str]) -> int:
-    from policyhook.adapters.claude_postcompact import main as postcompact
+    """Runs after the compaction: a bad command line is a non-blocking error (exit 1)."""
+    from policyhook.adapters import claude_postcompact as hook
+    from policyhook.adapters.claude_code import DEFAULT_STATE_DIR
 
-    return postcompact(argv)
+    parser = _HookParser(
+        prog="policyhook claude-postcompact",
+        description="Claude Code PostCompact / SessionStart(compact) hook: checks the summary.",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(_env(STATE_DIR_ENV, DEFAULT_STATE_DIR)),
+        help="where per-session provenance and findings are kept "
+        f"(default: ${STATE_DIR_ENV} or {DEFAULT_STATE_DIR})",
+    )
+    try:
+        args = parser.parse_args(argv)
+    except HookUsageError as exc:
+        print(f"policyhook claude-postcompact: bad command line: {exc}", file=sys.stderr)
+        return HookExit.ERROR
+    except SystemExit:  # --help
+        return HookExit.ANSWERED
+    return hook.run(args.state_dir)
 
 
-#: The Claude Code hooks parse their own options: their usage errors are answered in Claude
-#: Code's hook protocol (claude-precompact: a fail-closed block on stdout with exit 0), which
-#: argparse here (exit 2) would break.
 HOOKS = {"claude-precompact": _claude_precompact, "claude-postcompact": _claude_postcompact}
 
 
@@ -299,6 +447,7 @@ HOOKS = {"claude-precompact": _claude_precompact, "claude-postcompact": _claude_
 
 def parser() -> argparse.ArgumentParser:
     from policyhook import __version__
+    from policyhook.adapters import claude_code
 
     top = argparse.ArgumentParser(
         prog="policyhook",
@@ -351,7 +500,7 @@ def parser() -> argparse.ArgumentParser:
     retrieve.add_argument("ref", help="the reference a remedy pointer names")
     retrieve.add_argument(
         "--store",
-        default=os.environ.get(STORE_ENV, "~/.claude/policyhook/store.sqlite"),
+        default=os.environ.get(STORE_ENV, str(claude_code.DEFAULT_STORE)),
         help="the store: a SQLite file path, or a URL as for demo --store (default: "
         f"${STORE_ENV}, else the Claude Code hook's store)",
     )
@@ -366,7 +515,8 @@ def parser() -> argparse.ArgumentParser:
         "--otlp",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help=f"export spans and metrics over OTLP (default: when {OTLP_ENDPOINT_ENV} is set)",
+        help="export spans and metrics over OTLP (default: when OTEL_EXPORTER_OTLP_ENDPOINT, "
+        "or a per-signal endpoint, is set)",
     )
     demo.add_argument(
         "--store",

@@ -1,5 +1,9 @@
 """One call to set up OpenTelemetry export for a process that has none: `configure()`.
 
+`configure_from_environment()` is the same for commands that export only when the environment
+names an endpoint (`policyhook demo`, the Claude Code hooks). This module is the one place that
+reads the OTLP environment and builds exporters.
+
 The guard itself uses only the OpenTelemetry API (`policyhook._telemetry`) and joins whatever the
 host application configured. This module is for hosts that configured nothing: it builds the SDK's
 TracerProvider (BatchSpanProcessor) and MeterProvider (PeriodicExportingMetricReader), both
@@ -35,6 +39,12 @@ if TYPE_CHECKING:
 _logger = logging.getLogger(__name__)
 
 PROTOCOLS = ("http/protobuf", "grpc")
+#: Setting any of these asks a short-lived command (the demo, the Claude Code hooks) to export.
+ENDPOINT_VARIABLES = (
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+)
 _INSTALL_HINT = 'policyhook.otel needs the OpenTelemetry SDK: pip install "policyhook[otlp]"'
 
 
@@ -210,6 +220,24 @@ def configure(
         setup.is_global = _make_global(tracer_provider, meter_provider)
     atexit.register(setup.shutdown)
     return setup
+
+
+def endpoint_from_environment() -> str | None:
+    """The first OTLP endpoint variable set (its name), or None: the operator asked for none."""
+    return next((name for name in ENDPOINT_VARIABLES if os.environ.get(name, "").strip()), None)
+
+
+def configure_from_environment(service_name: str) -> Setup | None:
+    """`configure(service_name)` when the environment names an OTLP endpoint, else None.
+
+    For commands that export only when asked: a process run by another (a hook, the demo) is
+    configured by its environment, and with no endpoint set it must not try localhost. Raises
+    what `configure` raises (ImportError without the SDK); the caller decides whether that is
+    an error or a note.
+    """
+    if endpoint_from_environment() is None:
+        return None
+    return configure(service_name=service_name)
 
 
 def _protocol(protocol: str | None) -> str:

@@ -16,8 +16,11 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from test_telemetry import OtlpReceiver
+from test_telemetry import receiver as receiver  # the fixture
 
 from policyhook import Guard, Region, SQLiteStore
+from policyhook._telemetry import SPAN_NAME
 from policyhook.adapters.claude_code import decide, read_transcript
 from policyhook.testing import capture_decisions
 
@@ -541,6 +544,55 @@ class TestUndecidable:
         command = [str(POLICYHOOK), "claude-precompact", "--help"]
         result = subprocess.run(command, capture_output=True, text=True, timeout=60)
         assert result.returncode == 0 and "--time-budget" in result.stdout
+
+
+class TestTelemetry:
+    """The hook exports over OTLP when the environment names an endpoint (policyhook.otel)."""
+
+    @pytest.fixture
+    def env(self, monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+        for name in list(os.environ):
+            if name.startswith("OTEL_"):
+                monkeypatch.delenv(name)
+        return monkeypatch
+
+    @pytest.mark.parametrize(
+        ("variable", "path"),
+        [("OTEL_EXPORTER_OTLP_ENDPOINT", ""), ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "/v1/traces")],
+    )
+    def test_decisions_are_exported_when_an_endpoint_is_set(
+        self,
+        hook: Hook,
+        receiver: OtlpReceiver,
+        env: pytest.MonkeyPatch,
+        variable: str,
+        path: str,
+    ) -> None:
+        """The decision span reaches the collector, as service policyhook-claude-code."""
+        env.setenv(variable, receiver.endpoint + path)
+        env.setenv("OTEL_METRICS_EXPORTER", "none")
+        allowed(hook(hook_input("fresh")))
+        spans = [(resource, s) for resource, s in receiver.spans() if s.name == SPAN_NAME]
+        assert [resource["service.name"] for resource, _ in spans] == ["policyhook-claude-code"]
+
+    def test_no_endpoint_no_export(
+        self, hook: Hook, receiver: OtlpReceiver, env: pytest.MonkeyPatch
+    ) -> None:
+        """Without an endpoint variable nothing is set up (no exporter trying localhost)."""
+        env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon")  # would fail if configured
+        allowed(hook(hook_input("fresh")))
+        assert receiver.requests == []
+
+    def test_a_telemetry_set_up_failure_never_breaks_the_hook(
+        self, hook: Hook, receiver: OtlpReceiver, env: pytest.MonkeyPatch
+    ) -> None:
+        """An unusable OTLP configuration is noted on stderr; the decision is made and answered."""
+        env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon")
+        result = hook(hook_input("fresh"))
+        assert (result.returncode, result.stdout) == (0, "")
+        assert "telemetry disabled" in result.stderr and "carrier-pigeon" in result.stderr
+        assert hook.last()["decision"] == "allow"
 
 
 def test_read_transcript_follows_the_active_chain() -> None:

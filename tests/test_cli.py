@@ -521,3 +521,103 @@ def test_forced_audit_is_part_of_the_revision(tmp_path: Path) -> None:
     normal, forced = decide(POLICYHOOK_FORCE_AUDIT=""), decide(POLICYHOOK_FORCE_AUDIT="true")
     assert (normal["decision"], forced["decision"]) == ("deny", "would_deny")
     assert forced["revision"] == normal["revision"] + "+forced-audit"
+
+
+class TestClaudeHookOptions:
+    """The hooks' options are parsed in the CLI layer and answered in Claude Code's protocol."""
+
+    SESSION = "5d1a6f0e-3b7c-4c55-9a11-0c2f4e8b9d01"  # of tests/fixtures/claude/*.jsonl
+
+    def hook(
+        self, command: str, hook_input: dict[str, str], *options: str, **env: str
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [POLICYHOOK, command, *options],
+            input=json.dumps(hook_input),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={**os.environ, **env},
+        )
+
+    def precompact_input(self, transcript: str, trigger: str = "manual") -> dict[str, str]:
+        return {
+            "session_id": self.SESSION,
+            "transcript_path": str(ROOT / "tests" / "fixtures" / "claude" / f"{transcript}.jsonl"),
+            "hook_event_name": "PreCompact",
+            "trigger": trigger,
+            "custom_instructions": "",
+        }
+
+    @pytest.mark.parametrize(
+        ("options", "env", "error"),
+        [
+            (("--on-auto-refusal", "sometimes"), {}, "invalid choice: 'sometimes'"),
+            (
+                (),
+                {"POLICYHOOK_CLAUDE_ON_AUTO_REFUSAL": "sometimes"},
+                "(from $POLICYHOOK_CLAUDE_ON_AUTO_REFUSAL): invalid choice: 'sometimes'",
+            ),
+            ((), {"POLICYHOOK_CLAUDE_TIME_BUDGET": "soon"}, "not a number: 'soon'"),
+            (("--store",), {}, "expected one argument"),
+        ],
+    )
+    def test_precompact_usage_error_is_a_fail_closed_block(
+        self, tmp_path: Path, options: tuple[str, ...], env: dict[str, str], error: str
+    ) -> None:
+        """A bad option or option variable: exit 0 and a block saying why, never argparse's 2."""
+        state = {"POLICYHOOK_CLAUDE_STORE": str(tmp_path / "s.sqlite"), **env}
+        result = self.hook("claude-precompact", self.precompact_input("fresh"), *options, **state)
+        assert result.returncode == 0, result.stderr
+        answer = json.loads(result.stdout)
+        assert set(answer) == {"decision", "reason"} and answer["decision"] == "block"
+        assert answer["reason"].startswith("policyhook could not decide")
+        assert "bad command line: argument " in answer["reason"]
+        assert error in answer["reason"] and error in result.stderr
+        assert not (tmp_path / "s.sqlite").exists()  # nothing was opened
+
+    def test_precompact_defaults_come_from_the_environment(self, tmp_path: Path) -> None:
+        """$POLICYHOOK_CLAUDE_STORE and $POLICYHOOK_CLAUDE_ON_AUTO_REFUSAL stand in for options."""
+        store = tmp_path / "env.sqlite"
+        env = {"POLICYHOOK_CLAUDE_STORE": str(store), "POLICYHOOK_GROUNDING_DIR": str(tmp_path)}
+        refused = self.precompact_input("resumed", trigger="auto")
+        pinned = self.hook("claude-precompact", refused, **env)
+        assert pinned.returncode == 0 and "systemMessage" in json.loads(pinned.stdout)
+        assert store.is_file()
+        env["POLICYHOOK_CLAUDE_ON_AUTO_REFUSAL"] = "block"
+        blocked = self.hook("claude-precompact", refused, **env)
+        answer = json.loads(blocked.stdout)
+        assert answer["decision"] == "block"
+        assert answer["reason"].startswith("policyhook kept the context as it is")
+
+    def test_postcompact_usage_error_is_a_non_blocking_error(self, tmp_path: Path) -> None:
+        """claude-postcompact runs after the compaction: a bad option exits 1, the reason on
+        stderr (Claude Code shows it), never 2."""
+        start = {"session_id": "s", "hook_event_name": "SessionStart", "source": "compact"}
+        result = self.hook("claude-postcompact", start, "--state-dir")
+        assert (result.returncode, result.stdout) == (1, "")
+        assert result.stderr.startswith("policyhook claude-postcompact: bad command line:")
+        assert "--state-dir: expected one argument" in result.stderr
+
+    def test_postcompact_state_dir_comes_from_the_environment(self, tmp_path: Path) -> None:
+        """$POLICYHOOK_GROUNDING_DIR is where a failed check is noted for the next window."""
+        post = {
+            "session_id": "s",
+            "transcript_path": str(tmp_path / "missing.jsonl"),
+            "hook_event_name": "PostCompact",
+            "trigger": "auto",
+            "compact_summary": "retries capped at 5",
+        }
+        result = self.hook("claude-postcompact", post, POLICYHOOK_GROUNDING_DIR=str(tmp_path))
+        assert result.returncode == 1 and "cannot read transcript" in result.stderr
+        (state,) = tmp_path.glob("*.json")
+        assert "cannot read transcript" in json.loads(state.read_text())["pending"]["error"]
+
+    @pytest.mark.parametrize(
+        ("command", "option"),
+        [("claude-precompact", "--time-budget"), ("claude-postcompact", "--state-dir")],
+    )
+    def test_help_exits_0(self, command: str, option: str) -> None:
+        result = cli(command, "--help")
+        assert result.returncode == 0 and option in result.stdout

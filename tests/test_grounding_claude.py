@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from policyhook.adapters.claude_postcompact import main
+from policyhook.adapters.claude_postcompact import run as postcompact_run
 from policyhook.cli import main as cli_main
 
 FIXTURES = Path(__file__).parent / "fixtures" / "grounding"
@@ -34,10 +34,10 @@ def transcript(name: str, tmp: Path, *, upto_boundary: bool = False) -> tuple[Pa
     return path, entries[at]["sessionId"], summary
 
 
-def run(hook_input: Any, state: Path, *argv: str) -> tuple[int, str]:
+def run(hook_input: Any, state: Path) -> tuple[int, str]:
     out = io.StringIO()
     raw = hook_input if isinstance(hook_input, str) else json.dumps(hook_input)
-    code = main(["--state-dir", str(state), *argv], stdin=io.StringIO(raw), stdout=out)
+    code = postcompact_run(state, stdin=io.StringIO(raw), stdout=out)
     return code, out.getvalue()
 
 

@@ -927,6 +927,27 @@ class TestConfigure:
         assert sorted(s.name for _, s in spans) == sorted([SPAN_NAME, SUMMARIZE_SPAN_NAME])
         assert {res["service.name"] for res, _ in spans} == {"policyhook-demo"}
 
+    @pytest.mark.parametrize("variable", otel.ENDPOINT_VARIABLES)
+    def test_from_environment_only_when_an_endpoint_is_named(
+        self, clean_otel_env: pytest.MonkeyPatch, variable: str
+    ) -> None:
+        """Each endpoint variable asks for export; none set, or a blank one, asks for none."""
+        calls: list[str] = []
+        made: Any = object()  # what configure() returned
+
+        def configure(service_name: str) -> Any:
+            calls.append(service_name)
+            return made
+
+        clean_otel_env.setattr(otel, "configure", configure)
+        assert otel.configure_from_environment("hook") is None
+        clean_otel_env.setenv(variable, "  ")
+        assert otel.configure_from_environment("hook") is None
+        clean_otel_env.setenv(variable, "http://127.0.0.1:4318")
+        assert otel.endpoint_from_environment() == variable
+        assert otel.configure_from_environment("hook") is made
+        assert calls == ["hook"]
+
     def test_shutdown_twice_is_harmless(self, receiver: OtlpReceiver) -> None:
         """A second shutdown() (e.g. the atexit hook after an explicit one) returns at once."""
         setup = otel.configure(endpoint=receiver.endpoint, set_global=False)

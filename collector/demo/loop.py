@@ -3,8 +3,8 @@
 `policyhook demo` in a shell loop would start a new process, and so new metric series (a new
 service.instance.id), every few seconds: each series would be born and frozen within one scrape,
 and Prometheus' rate() would see nothing. This keeps one process, one MeterProvider and one
-TracerProvider set up from the standard OTEL_* variables with the OTLP/HTTP exporters (the `otlp`
-extra) — policyhook itself uses only the OpenTelemetry API and joins them.
+TracerProvider, set up by `policyhook.otel.configure` from the standard OTEL_* variables (the
+`otlp` extra) — policyhook itself uses only the OpenTelemetry API and joins them.
 
 Each pass runs the demo scenario twice: under the embedded default policy (grants, and the
 laundering pass refused) and under an audit-mode policy from files (the same refusals reported as
@@ -26,15 +26,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-from opentelemetry import metrics, trace
-from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 AUDIT_POLICY = """\
 apiVersion: policyhook.dev/v1
@@ -61,24 +52,12 @@ spec:
 """
 
 
-def setup_telemetry() -> tuple[TracerProvider, MeterProvider]:
-    resource = Resource.create(
-        {"service.name": os.environ.get("OTEL_SERVICE_NAME") or "policyhook-demo"}
-    )
-    tracer_provider = TracerProvider(resource=resource)
-    tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    meter_provider = MeterProvider(
-        resource=resource, metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter())]
-    )
-    trace.set_tracer_provider(tracer_provider)
-    metrics.set_meter_provider(meter_provider)
-    return tracer_provider, meter_provider
-
-
 def main() -> int:
     interval = float(os.environ.get("POLICYHOOK_DEMO_INTERVAL", "2"))
     passes = int(os.environ.get("POLICYHOOK_DEMO_PASSES", "0"))
-    tracer_provider, meter_provider = setup_telemetry()
+    from policyhook.otel import configure
+
+    telemetry = configure(service_name="policyhook-demo")  # OTEL_SERVICE_NAME wins
 
     import policyhook  # after the providers: nothing depends on it, but it reads clearly
     from policyhook._demo import run
@@ -122,8 +101,7 @@ def main() -> int:
         pass
     finally:
         reloader.close()
-        tracer_provider.shutdown()
-        meter_provider.shutdown()
+        telemetry.shutdown()
     return 0
 
 

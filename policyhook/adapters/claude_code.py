@@ -42,7 +42,6 @@ provenance. So re-compacting is allowed while the originals can be given back.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import json
@@ -51,22 +50,25 @@ import stat
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO
+from typing import Any, BinaryIO, Literal, TextIO
 
 from policyhook import Decision, Effect, Guard, Region, UnsafeRecompactionError, load, request
 from policyhook._exit import HookExit
 from policyhook.adapters import content_of, untraced_summary
+from policyhook.otel import Setup, configure_from_environment
 from policyhook.remedies import Remedied
 from policyhook.stores import SQLiteStore
 
 __all__ = [
     "DEFAULT_STATE_DIR",
     "SUMMARIZER",
+    "AutoRefusal",
     "HookError",
     "Limits",
+    "Options",
     "Segment",
     "SessionState",
     "Transcript",
@@ -74,9 +76,9 @@ __all__ = [
     "archive_and_pin",
     "check_writable_path",
     "decide",
-    "main",
     "open_regular",
     "read_transcript",
+    "run",
     "undecided",
 ]
 
@@ -89,6 +91,9 @@ DEFAULT_MAX_TRANSCRIPT_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_LINE_BYTES = 32 * 1024 * 1024
 MAX_STDIN_BYTES = 1024 * 1024
 TRIGGERS = {"auto": "automatic", "manual": "manual"}
+#: What a refused automatic compaction gets: pinned and let through, or blocked.
+AutoRefusal = Literal["pin", "block"]
+AUTO_REFUSALS: tuple[AutoRefusal, ...] = ("pin", "block")
 EXIT_OK = HookExit.ANSWERED  # always: see policyhook._exit
 #: Raw markers of a compaction in a line that could not be parsed. Inside a JSON string (a tool
 #: result quoting a transcript) the quotes are escaped, so these match only a record's own keys.
@@ -824,97 +829,21 @@ def undecided(error: str, out: TextIO) -> None:
     print(f"policyhook claude-precompact: {_clean(error)}", file=sys.stderr)
 
 
-# -- the command ----------------------------------------------------------------------------------
+# -- the command (its options are parsed by policyhook.cli) ---------------------------------------
 
 
-class _Parser(argparse.ArgumentParser):
-    """Usage errors become a fail-closed block (argparse would exit 2, Claude Code's "block"
-    only when bash runs the hook, and a non-blocking error under PowerShell)."""
+@dataclass(frozen=True)
+class Options:
+    """What `policyhook claude-precompact` is told: its options (docs/claude-code.md)."""
 
-    def error(self, message: str) -> Any:
-        raise HookError(f"bad command line: {message}")
-
-
-def _positive(kind: type[int] | type[float]) -> Any:
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not value > 0 or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
-        return value
-
-    return parse
-
-
-def _env_default(name: str, fallback: Any) -> Any:
-    return os.environ.get(name) or fallback
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="policyhook claude-precompact",
-        description="Claude Code PreCompact hook: reads the hook input JSON on stdin, allows the "
-        'compaction or answers {"decision": "block"}; always exits 0.',
-    )
-    parser.add_argument(
-        "--policies",
-        type=Path,
-        help="policy YAML file or folder (default: the embedded default policy)",
-    )
-    parser.add_argument(
-        "--store",
-        type=Path,
-        default=Path(_env_default("POLICYHOOK_CLAUDE_STORE", DEFAULT_STORE)),
-        help="SQLite store where originals are archived (default: $POLICYHOOK_CLAUDE_STORE or "
-        f"{DEFAULT_STORE})",
-    )
-    parser.add_argument(
-        "--decision-log", type=Path, help="append one JSON line per decision to this file"
-    )
-    parser.add_argument(
-        "--on-auto-refusal",
-        choices=("pin", "block"),
-        default=_env_default("POLICYHOOK_CLAUDE_ON_AUTO_REFUSAL", "pin"),
-        help="a refused automatic compaction: pin (default: archive the history, let it go "
-        "ahead, hand the exact facts to the next window through SessionStart) or block",
-    )
-    parser.add_argument(
-        "--state-dir",
-        type=Path,
-        default=Path(_env_default("POLICYHOOK_GROUNDING_DIR", DEFAULT_STATE_DIR)),
-        help="per-session state shared with claude-postcompact (pins for the next SessionStart)",
-    )
-    parser.add_argument(
-        "--context-window",
-        type=_positive(int),
-        default=DEFAULT_CONTEXT_WINDOW,
-        help="the model's context window in tokens, for request.budget_pressure "
-        f"(default {DEFAULT_CONTEXT_WINDOW})",
-    )
-    parser.add_argument(
-        "--time-budget",
-        type=_positive(float),
-        default=_env_default("POLICYHOOK_CLAUDE_TIME_BUDGET", DEFAULT_TIME_BUDGET),
-        help="seconds the whole hook may take; past it, it blocks (fail closed). Keep it below "
-        "the hook's `timeout` in Claude Code's settings (default: "
-        f"$POLICYHOOK_CLAUDE_TIME_BUDGET or {DEFAULT_TIME_BUDGET:g})",
-    )
-    parser.add_argument(
-        "--max-transcript-bytes",
-        type=_positive(int),
-        default=DEFAULT_MAX_TRANSCRIPT_BYTES,
-        help=f"a bigger transcript is not read: blocked (default {DEFAULT_MAX_TRANSCRIPT_BYTES})",
-    )
-    parser.add_argument(
-        "--max-line-bytes",
-        type=_positive(int),
-        default=DEFAULT_MAX_LINE_BYTES,
-        help="a longer transcript line is left out, or blocks if it names a compaction "
-        f"(default {DEFAULT_MAX_LINE_BYTES})",
-    )
-    return parser
+    policies: Path | None = None  # None: the embedded default policy
+    store: Path = DEFAULT_STORE
+    decision_log: Path | None = None
+    on_auto_refusal: AutoRefusal = "pin"
+    state_dir: Path = DEFAULT_STATE_DIR
+    context_window: int = DEFAULT_CONTEXT_WINDOW
+    time_budget: float = DEFAULT_TIME_BUDGET
+    limits: Limits = Limits()
 
 
 def _read_input(stdin: TextIO) -> Mapping[str, Any]:
@@ -936,28 +865,23 @@ def _read_input(stdin: TextIO) -> Mapping[str, Any]:
     return value
 
 
-def _telemetry() -> Any:
-    """OTLP export when OTEL_EXPORTER_OTLP_ENDPOINT is set (a hook is a short-lived process)."""
-    if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        return None
+def _telemetry() -> Setup | None:
+    """OTLP export when the environment names an endpoint (a hook is a short-lived process)."""
     try:
-        from policyhook.otel import configure
-
-        return configure(service_name="policyhook-claude-code")
+        return configure_from_environment("policyhook-claude-code")
     except Exception as exc:  # telemetry must never break the hook
         print(f"policyhook claude-precompact: telemetry disabled: {exc}", file=sys.stderr)
         return None
 
 
-def _run(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> None:
-    """Read, decide and answer; any failure is raised for `main` to answer fail-closed."""
+def _answer(options: Options, stdin: TextIO, stdout: TextIO) -> None:
+    """Read, decide and answer; any failure is raised for `run` to answer fail-closed."""
     hook_input = _read_input(stdin)
     _hook_input(hook_input)  # a malformed input is refused before anything is opened
-    limits = Limits(args.max_transcript_bytes, args.max_line_bytes)
-    policies = load(args.policies.expanduser()) if args.policies is not None else None
-    store_path = args.store.expanduser()
+    policies = load(options.policies.expanduser()) if options.policies is not None else None
+    store_path = options.store.expanduser()
     check_writable_path(store_path, "store")
-    log = args.decision_log.expanduser() if args.decision_log is not None else None
+    log = options.decision_log.expanduser() if options.decision_log is not None else None
     if log is not None:
         check_writable_path(log, "decision log")
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -966,26 +890,28 @@ def _run(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> None:
     with SQLiteStore(store_path) as store:
         guard = Guard(policies, store=store, decision_log=log)
         try:
-            decision, transcript, parts = _decide(hook_input, guard, args.context_window, limits)
+            decision, transcript, parts = _decide(
+                hook_input, guard, options.context_window, options.limits
+            )
             trigger, session, _ = _hook_input(hook_input)
             pinned = None
             if (
                 decision.effect == Effect.DENY
                 and trigger == "automatic"
-                and args.on_auto_refusal == "pin"
+                and options.on_auto_refusal == "pin"
             ):
                 pinned = archive_and_pin(
-                    guard, decision, parts, session, args.state_dir, store_path
+                    guard, decision, parts, session, options.state_dir, store_path
                 )
         finally:
             guard.close()
             if telemetry is not None:
                 telemetry.shutdown()
-    advice = trigger == "manual" and args.on_auto_refusal == "pin"
+    advice = trigger == "manual" and options.on_auto_refusal == "pin"
     answer(decision, stdout, transcript, pinned, advice)
 
 
-def main(argv: Sequence[str], stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
+def run(options: Options, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
     """Run the hook within its time budget: exit 0, the answer on stdout, errors fail closed.
 
     Past the budget the block answer is written and, when running as the command (no `stdout`
@@ -994,13 +920,6 @@ def main(argv: Sequence[str], stdin: TextIO | None = None, stdout: TextIO | None
     hard_exit = stdout is None
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
-    try:
-        args = _parser().parse_args(list(argv))
-    except HookError as exc:
-        undecided(str(exc), stdout)
-        return EXIT_OK
-    except SystemExit:  # --help
-        return EXIT_OK
     answered = threading.Event()
     failure: list[BaseException] = []
     buffer: list[str] = []
@@ -1008,7 +927,7 @@ def main(argv: Sequence[str], stdin: TextIO | None = None, stdout: TextIO | None
     def work() -> None:
         out = io.StringIO()
         try:
-            _run(args, stdin, out)
+            _answer(options, stdin, out)
             buffer.append(out.getvalue())
         except BaseException as exc:  # HookError, PolicyError, sqlite3.Error, bugs: all blocked
             failure.append(exc)
@@ -1017,9 +936,9 @@ def main(argv: Sequence[str], stdin: TextIO | None = None, stdout: TextIO | None
 
     worker = threading.Thread(target=work, name="policyhook-claude-precompact", daemon=True)
     worker.start()
-    if not answered.wait(float(args.time_budget)):
+    if not answered.wait(options.time_budget):
         undecided(
-            f"no decision within the time budget of {float(args.time_budget):g} s "
+            f"no decision within the time budget of {options.time_budget:g} s "
             "(--time-budget, $POLICYHOOK_CLAUDE_TIME_BUDGET)",
             stdout,
         )

@@ -21,10 +21,8 @@ session never continues as if it had been.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -39,7 +37,7 @@ from policyhook.adapters.claude_code import (
 )
 from policyhook.grounding import Fact, FactIndex, Grounding, check
 
-__all__ = ["DEFAULT_STATE_DIR", "main", "postcompact", "session_start"]
+__all__ = ["DEFAULT_STATE_DIR", "postcompact", "run", "session_start"]
 
 MAX_STDIN_BYTES = 4 * 1024 * 1024
 #: At most this many facts of each list go into the new window's context.
@@ -218,33 +216,22 @@ def _read_input(stdin: TextIO) -> Mapping[str, Any]:
     return value
 
 
-def main(argv: Sequence[str], stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
-    """Run the hook for one event; see the module docstring for what it answers."""
-    parser = argparse.ArgumentParser(
-        prog="policyhook claude-postcompact",
-        description="Claude Code PostCompact / SessionStart(compact) hook: checks the summary.",
-    )
-    parser.add_argument(
-        "--state-dir",
-        type=Path,
-        default=Path(os.environ.get("POLICYHOOK_GROUNDING_DIR", DEFAULT_STATE_DIR)),
-        help=f"where per-session provenance and findings are kept (default {DEFAULT_STATE_DIR})",
-    )
-    args = parser.parse_args(argv)
+def run(state_dir: Path, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
+    """Run the hook for one event (options parsed by policyhook.cli); see the module docstring."""
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
     try:
         hook_input = _read_input(stdin)
         event = hook_input.get("hook_event_name")
         if event == "SessionStart":
-            text = session_start(hook_input, args.state_dir)
+            text = session_start(hook_input, state_dir)
             if text:
                 output = {"hookEventName": "SessionStart", "additionalContext": text}
                 json.dump({"hookSpecificOutput": output}, stdout)
             return EXIT_OK
         if event != "PostCompact":
             raise HookError(f"expected a PostCompact or SessionStart hook input, got {event!r}")
-        message = _message(postcompact(hook_input, args.state_dir))
+        message = _message(postcompact(hook_input, state_dir))
         if message:
             json.dump({"systemMessage": message}, stdout)
         return EXIT_OK
