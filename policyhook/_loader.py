@@ -19,6 +19,7 @@ import yaml
 
 from policyhook import _activation as schema
 from policyhook import _celcheck as celcheck
+from policyhook import _env
 from policyhook._backends import default_backend, native_checker
 from policyhook._cel import Backend, CompileError
 from policyhook._cel import parse as cel_parse
@@ -42,7 +43,6 @@ KIND = "CompactionPolicy"
 FORCE_AUDIT_ENV = "POLICYHOOK_FORCE_AUDIT"
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
 _VARIABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_TRUE = ("1", "true", "yes", "on")
 
 
 class Located(dict[str, Any]):
@@ -262,7 +262,7 @@ def revision_of(sources: Iterable[tuple[str, str]], force_audit: bool | None = N
 
 
 def _forced_audit() -> bool:
-    return os.environ.get(FORCE_AUDIT_ENV, "").strip().lower() in _TRUE
+    return _env.flag(FORCE_AUDIT_ENV)
 
 
 def load(path: str | Path, *, backend: Backend | None = None) -> PolicySet:

@@ -535,19 +535,7 @@ class PostgresStore:
         )
         held = [(_entry(r[:-1]), _s(r[-1])) for r in reversed(rows)]
         closures = self.rests_on([e.id for e, _ in held])
-        return [
-            (
-                Region(
-                    id=e.id,
-                    depth=e.depth,
-                    sources=closures[e.id],
-                    source_kinds=frozenset(e.source_kinds),
-                    chars=e.size,
-                ),
-                t,
-            )
-            for e, t in held
-        ]
+        return [(e.region(closures[e.id]), t) for e, t in held]
 
 
 _NO_ENTRY = "NULL::text, NULL::bytea, NULL::int, NULL::bytea, NULL::bigint, NULL::text, " + (

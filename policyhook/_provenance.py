@@ -103,6 +103,17 @@ class Entry:
             source_kinds=tuple(sorted(set(self.source_kinds) | set(earlier.source_kinds))),
         )
 
+    def region(self, sources: frozenset[str], chars: int | None = None) -> Region:
+        """The region this summary's entry stands for, resting on `sources` (the closure over
+        its parents, `Store.rests_on`); `chars` defaults to the stored size."""
+        return Region(
+            id=self.id,
+            depth=self.depth,
+            sources=sources,
+            source_kinds=frozenset(self.source_kinds),
+            chars=self.size if chars is None else chars,
+        )
+
     @classmethod
     def of_source(cls, key: bytes, source: Source, text: str) -> Entry:
         data = encode(text)
@@ -729,13 +740,7 @@ class Ledger:
         sources = closures.get(entry.id)
         if sources is None:
             sources = closures[entry.id] = self._rests_on(entry)
-        return Region(
-            id=entry.id,
-            depth=entry.depth,
-            sources=sources,
-            source_kinds=frozenset(entry.source_kinds),
-            chars=chars,
-        )
+        return entry.region(sources, chars)
 
     def _rests_on(self, entry: Entry) -> frozenset[str]:
         """Every source a summary rests on: remembered from when it was recorded or last

@@ -740,16 +740,4 @@ class RedisStore:
         flat = self._run("summaries", self._summaries, keys, [limit])
         held = [(_load(flat[i]), _s(flat[i + 1])) for i in range(0, len(flat), 2)][::-1]
         closures = self.rests_on([e.id for e, _ in held])
-        return [
-            (
-                Region(
-                    id=e.id,
-                    depth=e.depth,
-                    sources=closures[e.id],
-                    source_kinds=frozenset(e.source_kinds),
-                    chars=e.size,
-                ),
-                t,
-            )
-            for e, t in held
-        ]
+        return [(e.region(closures[e.id]), t) for e, t in held]

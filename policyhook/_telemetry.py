@@ -15,7 +15,6 @@ interface: dashboards and alert rules query their Prometheus forms (see docs/tel
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
@@ -34,6 +33,7 @@ from opentelemetry.trace import (
     TracerProvider,
 )
 
+from policyhook import _env
 from policyhook._errors import UnsafeRecompactionError
 from policyhook._policy import Decision, Effect, Mode
 
@@ -82,12 +82,11 @@ _DURATION_BUCKETS = (
     2.5,
 )
 _DEPTH_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 15, 20)
-_TRUE = ("1", "true", "yes", "on")
 
 
 def capture_content_from_env() -> bool:
     """Whether POLICYHOOK_CAPTURE_CONTENT asks for region text and summaries on spans."""
-    return os.environ.get(CAPTURE_CONTENT_ENV, "").strip().lower() in _TRUE
+    return _env.flag(CAPTURE_CONTENT_ENV)
 
 
 #: The summarizer's exception last recorded on a `policyhook.summarize` span in this context, so

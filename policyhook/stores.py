@@ -223,7 +223,7 @@ class MemoryStore:
                 for d, t in self._texts.items()
                 if self._entries[d].window == window
             ][-limit:]
-            return [(_region(e, frozenset(_closure(e.id, self._by_id.get))), t) for e, t in held]
+            return [(e.region(frozenset(_closure(e.id, self._by_id.get))), t) for e, t in held]
 
 
 def _closure(summary_id: str, get: Callable[[str], Entry | None]) -> set[str]:
@@ -241,16 +241,6 @@ def _closure(summary_id: str, get: Callable[[str], Entry | None]) -> set[str]:
                 seen.add(parent)
                 todo.append(parent)
     return sources
-
-
-def _region(entry: Entry, sources: frozenset[str]) -> Region:
-    return Region(
-        id=entry.id,
-        depth=entry.depth,
-        sources=sources,
-        source_kinds=frozenset(entry.source_kinds),
-        chars=entry.size,
-    )
 
 
 #: 1: summaries copying their source lists; 2: normalised entries; 3: per-fact provenance.
@@ -751,7 +741,7 @@ class SQLiteStore:
             ).fetchall()
         held = [(_entry(r[:-1]), _text(r[-1])) for r in reversed(rows)]
         closures = self.rests_on([e.id for e, _ in held])
-        return [(_region(e, closures[e.id]), t) for e, t in held]
+        return [(e.region(closures[e.id]), t) for e, t in held]
 
 
 #: `SQLiteStore.view`: rows (tag, seq or depth, the entry's columns, text or source id), tagged

@@ -9,12 +9,12 @@ cel-expr-python fails the run instead of skipping it, so CI always checks both b
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from servers import in_ci
 
 from policyhook import _activation as schema
 from policyhook import _backends as backends
@@ -23,12 +23,6 @@ from policyhook._errors import PolicyError
 from policyhook._loader import compile_sources, load_default
 from policyhook._policy import Decision, PolicySet
 from policyhook._provenance import Region
-
-_TRUE = ("1", "true", "yes", "on")
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in _TRUE
 
 
 def _by_name(name: str) -> cel.Backend:
@@ -46,7 +40,7 @@ def fast() -> cel.Backend:
     """cel-expr-python; missing is a skip locally and a failure in CI."""
     if not backends.fast_backend_installed():
         message = "cel-expr-python is not installed: pip install 'policyhook[fast]'"
-        if _in_ci():
+        if in_ci():
             pytest.fail(f"CI must test both CEL backends; {message}")
         pytest.skip(message)
     return _by_name(backends.CEL_EXPR_PYTHON)
@@ -499,7 +493,7 @@ class TestSelection:
         names = [b.name for b in backends.available_backends()]
         assert names[0] == backends.CEL_PYTHON
         assert len(names) == len(set(names))
-        if _in_ci():
+        if in_ci():
             assert backends.CEL_EXPR_PYTHON in names
 
 

@@ -21,6 +21,7 @@ LAYERS: dict[str, int] = {
     # vocabulary and pure helpers: import nothing of policyhook above them
     "policyhook._errors": 0,
     "policyhook._exit": 0,
+    "policyhook._env": 0,
     "policyhook._hints": 0,
     "policyhook._fork": 0,
     "policyhook._index": 0,
