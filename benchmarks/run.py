@@ -27,7 +27,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from contextlib import (
+    AbstractContextManager,
+    contextmanager,
+    nullcontext,
+    redirect_stderr,
+    redirect_stdout,
+)
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
@@ -307,11 +313,10 @@ class _NoTelemetry:
 
     capture_content = False
 
-    @contextmanager
-    def guarded(self, summarizer: str) -> Iterator[Any]:
+    def guarded(self, summarizer: str) -> AbstractContextManager[Any]:
         from opentelemetry.trace import INVALID_SPAN
 
-        yield INVALID_SPAN
+        return nullcontext(INVALID_SPAN)
 
     summarizing = guarded
 

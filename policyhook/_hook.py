@@ -26,7 +26,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -58,6 +58,11 @@ INT64_MAX = 2**63 - 1
 DecisionListener = Callable[[Decision, Mapping[str, Any]], None]
 
 
+def _int_within(value: Any, low: int) -> bool:
+    """An int (not a bool) within low..INT64_MAX."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= INT64_MAX
+
+
 @dataclass(frozen=True)
 class Request:
     """What the runtime knows about the compaction about to happen."""
@@ -80,6 +85,7 @@ class Request:
             or not 0.0 <= pressure <= 1.0  # also refuses NaN
         ):
             raise ValueError(f'"budget_pressure" must be a number within 0..1: {pressure!r}')
+        object.__setattr__(self, "budget_pressure", float(pressure))  # as the activation has it
         for name, low in (("attempt", 1), ("window_tokens", 0), ("window_budget", 0)):
             value = getattr(self, name)
             if not _int_within(value, low):
@@ -90,12 +96,19 @@ class Request:
 
 
 _current_request: ContextVar[Request | None] = ContextVar("policyhook_request", default=None)
+_DEFAULT_REQUEST = Request()
 
 
 def current_request() -> Request:
     """The request guarded calls made here would see: the innermost `request(...)`, or defaults."""
     current = _current_request.get()
-    return current if current is not None else Request()
+    return current if current is not None else _DEFAULT_REQUEST
+
+
+@functools.lru_cache(maxsize=1024)
+def _with_trigger(request: Request, trigger: str) -> Request:
+    """`request` with `trigger`: made (and checked) once per request in force, not per call."""
+    return replace(request, trigger=trigger)
 
 
 @contextmanager
@@ -208,7 +221,7 @@ class Summarizer:
     def request(self) -> Request:
         """The current request, with this summarizer's default trigger when it names none."""
         current = current_request()
-        return current if current.trigger is not None else replace(current, trigger=self.trigger)
+        return current if current.trigger is not None else _with_trigger(current, self.trigger)
 
 
 class Guard:
@@ -346,7 +359,8 @@ class Guard:
         it as `with` inside `async def` and `await` the summarizer in the block.
         """
         req = request if request is not None else current_request()
-        with self._deciding(value, summarizer, req, lossless, idempotent) as call:
+        with self._telemetry.guarded(summarizer) as span:
+            call = self._decide(value, summarizer, req, lossless, idempotent, span)
             try:
                 with self._telemetry.summarizing(summarizer):
                     yield call
@@ -422,16 +436,16 @@ class Guard:
         def decorate(fn: Callable[P, R]) -> Callable[P, R]:
             spec = _spec(fn, summarizer, lossless, idempotent, trigger, extractor)
 
-            @contextmanager
-            def call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[GuardedCall]:
-                with self.guarding(
+            def call(
+                args: tuple[Any, ...], kwargs: dict[str, Any]
+            ) -> AbstractContextManager[GuardedCall]:
+                return self.guarding(
                     spec.input(args, kwargs),
                     summarizer=spec.name,
                     request=spec.request(),
                     lossless=spec.lossless,
                     idempotent=spec.idempotent,
-                ) as guarded:
-                    yield guarded
+                )
 
             if inspect.iscoroutinefunction(fn):
 
@@ -683,7 +697,8 @@ class Guard:
         """
         req = request if request is not None else current_request()
         try:
-            with self._deciding(value, summarizer, req, lossless, idempotent) as call:
+            with self._telemetry.guarded(summarizer) as span:
+                call = self._decide(value, summarizer, req, lossless, idempotent, span)
                 call._end("checked")
                 return call.decision
         except UnsafeRecompactionError as refusal:
@@ -706,53 +721,56 @@ class Guard:
 
     # -- the data path of one call --------------------------------------------------------------
 
-    @contextmanager
-    def _deciding(
-        self, value: Any, summarizer: str, req: Request, lossless: bool, idempotent: bool
-    ) -> Iterator[GuardedCall]:
+    def _decide(
+        self,
+        value: Any,
+        summarizer: str,
+        req: Request,
+        lossless: bool,
+        idempotent: bool,
+        span: Span,
+    ) -> GuardedCall:
+        """Decide one call inside its span; raises `UnsafeRecompactionError` on a refusal."""
         policies = self.policies  # one revision for the whole decision
-        with self._telemetry.guarded(summarizer) as span:
-            started = time.perf_counter()
-            resolution = self.ledger.resolve(value, req.window)
-            region = resolution.region
-            depth = self._window_depth(req.window, span)
-            live = self._live(resolution, span) if depth is not None else frozenset[str]()
-            activation = schema.build(
-                region,
-                live,
-                trigger=req.trigger or "automatic",
-                budget_pressure=req.budget_pressure,
-                attempt=req.attempt,
-                window_id=req.window,
-                window_tokens=req.window_tokens,
-                window_budget=req.window_budget,
-                window_max_depth=region.depth if depth is None else depth,
-                summarizer=summarizer,
-                lossless=lossless,
-                idempotent=idempotent,
-                tokens=self._tokens(value),
+        started = time.perf_counter()
+        resolution = self.ledger.resolve(value, req.window)
+        region = resolution.region
+        depth = self._window_depth(req.window, span)
+        live = self._live(resolution, span) if depth is not None else frozenset[str]()
+        activation = schema.build(
+            region,
+            live,
+            trigger=req.trigger or "automatic",
+            budget_pressure=req.budget_pressure,
+            attempt=req.attempt,
+            window_id=req.window,
+            window_tokens=req.window_tokens,
+            window_budget=req.window_budget,
+            window_max_depth=region.depth if depth is None else depth,
+            summarizer=summarizer,
+            lossless=lossless,
+            idempotent=idempotent,
+            tokens=self._tokens(value),
+        )
+        decision = policies.decide(activation)
+        content = _joined(value) if self._telemetry.capture_content else None
+        self._telemetry.decided(span, decision, activation, time.perf_counter() - started, content)
+        self._notify(decision, activation)
+        call = GuardedCall(self, summarizer, req, resolution, decision, activation, span, value)
+        if decision.effect == Effect.DENY:
+            refusal = UnsafeRecompactionError(decision)
+            self._telemetry.refused(span, refusal)
+            call._end("refused")
+            raise refusal
+        if decision.effect == Effect.WOULD_DENY:
+            level = logging.WARNING if decision.mode == Mode.WARN else logging.INFO
+            _logger.log(
+                level,
+                "policyhook (%s mode) would refuse: %s",
+                decision.mode,
+                UnsafeRecompactionError(decision),
             )
-            decision = policies.decide(activation)
-            content = _joined(value) if self._telemetry.capture_content else None
-            self._telemetry.decided(
-                span, decision, activation, time.perf_counter() - started, content
-            )
-            self._notify(decision, activation)
-            call = GuardedCall(self, summarizer, req, resolution, decision, activation, span, value)
-            if decision.effect == Effect.DENY:
-                refusal = UnsafeRecompactionError(decision)
-                self._telemetry.refused(span, refusal)
-                call._end("refused")
-                raise refusal
-            if decision.effect == Effect.WOULD_DENY:
-                level = logging.WARNING if decision.mode == Mode.WARN else logging.INFO
-                _logger.log(
-                    level,
-                    "policyhook (%s mode) would refuse: %s",
-                    decision.mode,
-                    UnsafeRecompactionError(decision),
-                )
-            yield call
+        return call
 
     def _check_output(self, output: T, call: GuardedCall) -> T:
         """Output phase: map the output's facts to the input's live sources; output policies
@@ -912,11 +930,6 @@ def _joined(value: Any) -> str:
     """The input's text as one string (for token counting and content capture)."""
     units = _shapes.read(value, keep=(Region,))
     return "\n".join(u.text or "" if isinstance(u, Region) else u for u in units)
-
-
-def _int_within(value: Any, low: int) -> bool:
-    """An int (not a bool) within low..INT64_MAX."""
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= INT64_MAX
 
 
 def _token_count(count: Any) -> int:

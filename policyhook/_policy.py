@@ -91,6 +91,15 @@ class Decision:
     def allowed(self) -> bool:
         return self.effect != Effect.DENY
 
+    @classmethod
+    def _made(cls, **fields: Any) -> Decision:
+        """`Decision(**fields)` given every field, without the frozen dataclass's `__setattr__`
+        call per field: the same object, made in a fifth of the time (`decide` makes one per
+        call)."""
+        decision = object.__new__(cls)
+        decision.__dict__.update(fields)
+        return decision
+
 
 # -- compiled form ------------------------------------------------------------------------------
 
@@ -195,15 +204,13 @@ class PolicySet:
     files: tuple[str, ...] = ()
     #: `whole_program` of each policy, in order; made once, with the set.
     programs: tuple[Program | None, ...] = field(init=False, repr=False, compare=False)
+    #: Whether any policy decides on the summarizer's output (`spec.phase: output`).
+    checks_output: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         programs = tuple(whole_program(policy, self.backend) for policy in self.policies)
         object.__setattr__(self, "programs", programs)
-
-    @property
-    def checks_output(self) -> bool:
-        """Whether any policy decides on the summarizer's output (`spec.phase: output`)."""
-        return any(p.phase == "output" for p in self.policies)
+        object.__setattr__(self, "checks_output", any(p.phase == "output" for p in self.policies))
 
     def decide(
         self, activation: Mapping[str, Any], *, explain: bool = False, phase: str = "input"
@@ -245,7 +252,7 @@ class PolicySet:
         enforced = [v for v in violations if v.mode == Mode.ENFORCE]
         first = (enforced or violations or [None])[0]  # type: ignore[list-item]
         effect = Effect.ALLOW if first is None else Effect.DENY if enforced else Effect.WOULD_DENY
-        return Decision(
+        return Decision._made(
             decision_id=os.urandom(16).hex(),
             effect=effect,
             revision=self.revision,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -171,17 +171,17 @@ class Telemetry:
 
     # -- spans ----------------------------------------------------------------------------------
 
-    @contextmanager
-    def guarded(self, summarizer: str) -> Iterator[Span]:
+    def guarded(self, summarizer: str) -> AbstractContextManager[Span]:
         """The span of one guarded call, child of the caller's current span.
 
         A refusal is marked by `refused`. Any other exception leaving the call (the summarizer's,
         or the guard's own) sets status ERROR and `error.type`; the summarizer's exception event
         is on `policyhook.summarize`, so it is recorded here only when it came from elsewhere.
         """
-        if not self._tracing():
-            yield _untraced()
-            return
+        return self._guarded() if self._tracing() else nullcontext(_untraced())
+
+    @contextmanager
+    def _guarded(self) -> Iterator[Span]:
         manager = self._start(
             SPAN_NAME,
             kind=SpanKind.INTERNAL,
@@ -202,12 +202,12 @@ class Telemetry:
                 self._cancelled(span, error)
                 raise
 
-    @contextmanager
-    def summarizing(self, summarizer: str) -> Iterator[Span]:
+    def summarizing(self, summarizer: str) -> AbstractContextManager[Span]:
         """The summarizer's own work, as a child span; its exception is recorded and re-raised."""
-        if not self._tracing():
-            yield _untraced()
-            return
+        return self._summarizing(summarizer) if self._tracing() else nullcontext(_untraced())
+
+    @contextmanager
+    def _summarizing(self, summarizer: str) -> Iterator[Span]:
         manager = self._start(
             SUMMARIZE_SPAN_NAME,
             kind=SpanKind.INTERNAL,

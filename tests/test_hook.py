@@ -194,6 +194,29 @@ class TestWrapping:
         assert seen[1][1]["request"]["budget_pressure"] == 0.8
         assert seen[1][1]["window"]["id"] == "w1"
 
+    def test_each_decorator_fills_in_its_own_trigger(self) -> None:
+        """Two summarizers with different default triggers, in the same request context and
+        out of any: each call sees its own summarizer's trigger, the context's other fields
+        unchanged (the filled-in request is made once per request, not per call)."""
+        guard = Guard()
+        manual = guard(lambda t: "manual summary, long enough", summarizer="m", trigger="manual")
+        auto = guard(lambda t: "automatic summary, long enough", summarizer="a")
+        with capture_decisions(guard) as seen:
+            for _ in range(2):
+                manual("original text one")
+                auto("original text two")
+            with policyhook.request(budget_pressure=1, window="w2"):
+                manual("original text three")
+                auto("original text four")
+        requests = [(a["request"]["trigger"], a["window"]["id"]) for _, a in seen]
+        assert requests == [("manual", "default"), ("automatic", "default")] * 2 + [
+            ("manual", "w2"),
+            ("automatic", "w2"),
+        ]
+        pressure = seen[-1][1]["request"]["budget_pressure"]
+        assert (pressure, type(pressure)) == (1.0, float)
+        assert isinstance(policyhook.Request(budget_pressure=1).budget_pressure, float)
+
     @pytest.mark.parametrize(
         ("fields", "message"),
         [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -572,6 +573,19 @@ class TestOneProgramPerPolicy:
         compiled = compile_policy(policy(rules, spec=spec))
         act = activation(**region)
         assert outcome(compiled.decide(act)) == outcome(compiled.decide(act, explain=True))
+
+    @pytest.mark.parametrize("dead", [[], ["a"]])
+    def test_decisions_are_whole_dataclasses(
+        self, compile_policy: Compile, dead: list[str]
+    ) -> None:
+        """A decision is the object its constructor makes from the same fields: equal, same
+        hash and repr, every field set (decide builds it without the per-field __setattr__)."""
+        rules = "    - name: live\n      expression: size(region.dead_sources) == 0\n"
+        decision = compile_policy(policy(rules)).decide(activation(dead_sources=dead))
+        fields = {f.name: getattr(decision, f.name) for f in dataclasses.fields(decision)}
+        rebuilt = Decision(**fields)
+        assert vars(decision) == vars(rebuilt)
+        assert (decision, hash(decision), repr(decision)) == (rebuilt, hash(rebuilt), repr(rebuilt))
 
     def test_an_allowed_call_is_one_evaluation(
         self, compile_policy: Compile, monkeypatch: pytest.MonkeyPatch
