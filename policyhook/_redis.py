@@ -262,57 +262,13 @@ end
 return out
 """
 
-# KEYS: seq log entries stext owner live dead src recent expiry srcinfo | ARGV: cursor limit
-# -> flat [seq, entry, text or false, ...]; empty at once when nothing was written since.
-_SINCE = (
-    _LIB
-    + """
-local cursor = tonumber(ARGV[1])
-if tonumber(redis.call('GET', KEYS[1]) or '0') <= cursor then return {} end
-local rows = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. cursor, '+inf', 'WITHSCORES',
-  'LIMIT', 0, tonumber(ARGV[2]))
-local now = now_ms()
-local out = {}
-for i = 1, #rows, 2 do
-  local digest = rows[i]
-  local text = redis.call('HGET', KEYS[4], digest)
-  if not text then
-    local id = redis.call('HGET', KEYS[5], digest)
-    text = false
-    if id and held(KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], id, now) then
-      local info = redis.call('HGET', KEYS[11], id)
-      if string.sub(info, 1, 32) == digest then text = redis.call('HGET', KEYS[8], id) end
-    end
-  end
-  out[#out + 1] = rows[i + 1]
-  out[#out + 1] = redis.call('HGET', KEYS[3], digest)
-  out[#out + 1] = text
-end
-return out
-"""
-)
-
-# KEYS: seq log entries stext owner live dead src recent expiry srcinfo links windows
-# ARGV: cursor limit window ('' for none) n_digests digests... source_ids...
-# -> {since flat [seq, entry, text or false, ...], found entries, closure flat [root, source, ...],
-#     held ids, window depth or false}: one script, one round trip.
-_VIEW = (
-    _LIB
-    + """
-local function items(s)
-  local out, pos = {}, 1
-  while pos <= #s do
-    local colon = string.find(s, ':', pos, true)
-    local n = tonumber(string.sub(s, pos, colon - 1))
-    out[#out + 1] = string.sub(s, colon + 1, colon + n)
-    pos = colon + n + 1
-  end
-  return out
-end
-local cursor, limit, window, n = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
-local now = now_ms()
-local since = {}
-if tonumber(redis.call('GET', KEYS[1]) or '0') > cursor then
+#: The entries written after `cursor` (at most `limit`), each with its text while held, as a flat
+#: [seq, entry, text or false, ...]; empty at once when nothing was written since. For the scripts
+#: whose KEYS begin: seq log entries stext owner live dead src recent expiry srcinfo.
+_SINCE_ROWS = """
+local function since_rows(cursor, limit, now)
+  local out = {}
+  if tonumber(redis.call('GET', KEYS[1]) or '0') <= cursor then return out end
   local rows = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. cursor, '+inf', 'WITHSCORES',
     'LIMIT', 0, limit)
   for i = 1, #rows, 2 do
@@ -326,11 +282,45 @@ if tonumber(redis.call('GET', KEYS[1]) or '0') > cursor then
         if string.sub(info, 1, 32) == digest then text = redis.call('HGET', KEYS[8], id) end
       end
     end
-    since[#since + 1] = rows[i + 1]
-    since[#since + 1] = redis.call('HGET', KEYS[3], digest)
-    since[#since + 1] = text
+    out[#out + 1] = rows[i + 1]
+    out[#out + 1] = redis.call('HGET', KEYS[3], digest)
+    out[#out + 1] = text
   end
+  return out
 end
+"""
+
+# KEYS: seq log entries stext owner live dead src recent expiry srcinfo | ARGV: cursor limit
+# -> flat [seq, entry, text or false, ...]; empty at once when nothing was written since.
+_SINCE = (
+    _LIB
+    + _SINCE_ROWS
+    + """
+return since_rows(tonumber(ARGV[1]), tonumber(ARGV[2]), now_ms())
+"""
+)
+
+# KEYS: seq log entries stext owner live dead src recent expiry srcinfo links windows
+# ARGV: cursor limit window ('' for none) n_digests digests... source_ids...
+# -> {since flat [seq, entry, text or false, ...], found entries, closure flat [root, source, ...],
+#     held ids, window depth or false}: one script, one round trip.
+_VIEW = (
+    _LIB
+    + _SINCE_ROWS
+    + """
+local function items(s)
+  local out, pos = {}, 1
+  while pos <= #s do
+    local colon = string.find(s, ':', pos, true)
+    local n = tonumber(string.sub(s, pos, colon - 1))
+    out[#out + 1] = string.sub(s, colon + 1, colon + n)
+    pos = colon + n + 1
+  end
+  return out
+end
+local cursor, limit, window, n = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local now = now_ms()
+local since = since_rows(cursor, limit, now)
 local found, closure, ask, asked = {}, {}, {}, {}
 local function want(id)
   if not asked[id] then asked[id] = true; ask[#ask + 1] = id end
