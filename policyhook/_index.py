@@ -76,6 +76,14 @@ class _Level:
         return self.automaton
 
 
+def _tier(size: int) -> int:
+    """The tier of a level of `size` anchors: t for _BATCH * _FANOUT**t <= size (0 below)."""
+    tier, bound = 0, _BATCH * _FANOUT
+    while size >= bound:
+        tier, bound = tier + 1, bound * _FANOUT
+    return tier
+
+
 class Index:
     """Anchors of known texts; `find` gives every place a known text may start in an input."""
 
@@ -107,18 +115,24 @@ class Index:
             self._fold()
 
     def _fold(self) -> None:
-        """The batch becomes a tier-0 automaton; full tiers merge upwards."""
+        """The batch becomes a tier-0 automaton; full tiers merge upwards. A level's tier is set
+        by its size, so a merge that left out many discarded texts lands where its peers are;
+        once discarded texts outnumber live ones, every level is rebuilt without them (memory
+        stays within twice the texts indexed)."""
         self._levels.append(_Level(self._fresh, 0))
         self._fresh, self._batch = [], None
         while len(self._levels) >= _FANOUT:
             tier = self._levels[-1].tier
             group = self._levels[-_FANOUT:]
             if any(level.tier != tier for level in group):
-                return
+                break
             del self._levels[-_FANOUT:]
             kept = [i for level in group for i in level.items() if self._keep(i)]
             if kept:
-                self._levels.append(_Level(kept, tier + 1))
+                self._levels.append(_Level(kept, _tier(len(kept))))
+        if len(self._dropped) > max(len(self._digests), _BATCH):
+            kept = [i for level in self._levels for i in level.items() if self._keep(i)]
+            self._levels = [_Level(kept, _tier(len(kept)))] if kept else []
 
     def discard(self, digest: str) -> None:
         """Stop finding a text (it is left out of the automaton at its level's next merge)."""

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from policyhook import Guard, MemoryStore, Region, Source, SQLiteStore
+from policyhook._index import _BATCH, Index
 from policyhook._provenance import Ledger
 from policyhook.testing import capture_decisions
 
@@ -352,6 +353,23 @@ class TestExactWhateverIsCached:
         ledger.record_summary("retry ceiling is 7, per the config", again.region, "w")
         region = ledger.resolve("retry ceiling is 7, per the config", "w").region
         assert region.depth == 2 and "cfg" in region.sources
+
+
+class TestIndexMemory:
+    def test_discarded_texts_do_not_pile_up(self) -> None:
+        """A long run that keeps 100 texts indexed, discarding the oldest as each new one comes,
+        holds at most about twice that many anchors, and finds exactly the ones kept."""
+        index = Index()
+        texts = [f"text number {i:05} with enough bytes to anchor".encode() for i in range(5000)]
+        for i, data in enumerate(texts):
+            index.add(data, f"d{i}")
+            if i >= 100:
+                index.discard(f"d{i - 100}")
+        held = sum(level.size for level in index._levels) + len(index._fresh)
+        assert len(index) == 100
+        assert held <= 2 * 100 + 2 * _BATCH and len(index._used) <= held
+        found = {digest for _, _, digest in index.find(b" | ".join(texts[4800:]))}
+        assert found == {f"d{i}" for i in range(4900, 5000)}
 
 
 class TestKeyedIds:
