@@ -452,8 +452,9 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="policyhook",
         description="Gate context-compaction calls with CEL policies over provenance.",
-        epilog="Exit codes: 0 ok, 1 problem found, 2 usage or unreadable input "
-        "(claude-precompact: always 0, its answer on stdout).",
+        epilog="Exit codes: 0 ok, 1 problem found, 2 usage or unreadable input. The Claude Code "
+        "hooks never exit 2: claude-precompact always exits 0, its answer on stdout; "
+        "claude-postcompact exits 1 when it cannot check.",
     )
     top.add_argument("--version", action="version", version=f"policyhook {__version__}")
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
