@@ -9,47 +9,7 @@ from typing import Any
 
 import pytest
 from monitoring_support import DEMO_LOOP, ROOT
-
-
-class _OTLPSink:
-    """A loopback OTLP/HTTP endpoint that keeps what it is sent (127.0.0.1 only, bounded)."""
-
-    def __init__(self) -> None:
-        import gzip
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        received: list[tuple[str, bytes]] = []
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                if self.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                received.append((self.path, body))
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.received = received
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> _OTLPSink:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+from test_telemetry import OtlpReceiver  # the loopback OTLP/HTTP receiver the telemetry tests use
 
 
 class TestDemoLoop:
@@ -64,7 +24,8 @@ class TestDemoLoop:
         )
 
         demo_env = compose["services"]["demo"]["environment"]
-        with _OTLPSink() as sink:
+        sink = OtlpReceiver()
+        try:
             env = {
                 **os.environ,
                 **{k: str(v) for k, v in demo_env.items() if k.startswith("OTEL_")},
@@ -85,11 +46,13 @@ class TestDemoLoop:
                 timeout=120,
                 check=False,
             )
+        finally:
+            sink.close()
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         metric_names: set[str] = set()
         services: set[str] = set()
         decisions: set[str] = set()
-        for path, body in sink.received:
+        for path, body in ((r.path, r.body) for r in sink.requests):
             if path == "/v1/metrics":
                 request = ExportMetricsServiceRequest.FromString(body)
                 for rm in request.resource_metrics:
