@@ -7,8 +7,9 @@
 Each worker is its own process (spawned) with its own Guard on the shared store: SQLite (one WAL
 file), PostgreSQL, Redis. The workload is the common one in a fleet: a window whose summary rests
 on 24 sources comes back with a new turn, and the guard decides whether it may be compacted again
-(recognition from the worker's cache, one liveness round trip to the store, the default policy).
-All workers start together (a barrier); throughput is the decisions of all workers over the wall
+(recognition from the worker's cache, then one round trip to the store, `Store.view`: other
+workers' records, the new turn, the liveness of the 24 sources; the default policy). All workers
+start together (a barrier); throughput is the decisions of all workers over the wall
 time from the barrier to the last worker's end. Per-decision median, mean and p99 are over every
 decision of every worker; the ratio column is the store's median against SQLite's with one
 worker, measured in the same run. PostgreSQL and Redis are started by tests/servers.py on

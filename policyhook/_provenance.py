@@ -515,8 +515,7 @@ class Ledger:
         """What `value` rests on: any shape `policyhook._shapes` reads (str, messages, content
         blocks, Regions, nested lists); TypeError naming the part it cannot read."""
         items: list[Region | str] = list(_shapes.read(value, keep=(Region,)))
-        with self._lock:
-            return self._viewed(items, window)
+        return self._viewed(items, window)
 
     def _viewed(self, items: list[Region | str], window: str) -> Resolution:
         """Resolve `items` and read the store once (`Store.view`): other processes' writes, the
@@ -529,21 +528,36 @@ class Ledger:
         only for what that still lacks (liveness of a newly found source, by anchor...).
         """
         asked: list[str] = []
-        first = self._reading(_Deferred(self.store, asked), items)
-        depth_of = None if window in self._windows else window
-        try:
-            view = self.store.view(self._cursor, 1024, asked, first.region.sources, depth_of)
+        with self._lock:
+            first = self._reading(_Deferred(self.store, asked), items)
+            cursor, depth_of = self._cursor, None if window in self._windows else window
+        try:  # the round trip, outside the lock: other threads decide meanwhile
+            view = self.store.view(cursor, 1024, asked, first.region.sources, depth_of)
         except Exception as exc:  # fail closed, from what is cached, asking nothing more
-            return replace(self._reading(_Failing(exc), items), failure=exc)
+            with self._lock:
+                return replace(self._reading(_Failing(exc), items), failure=exc)
+        with self._lock:
+            return self._seen(view, items, window, first, asked)
+
+    def _seen(
+        self,
+        view: View,
+        items: list[Region | str],
+        window: str,
+        first: Resolution,
+        asked: list[str],
+    ) -> Resolution:
+        """`first` (resolved before `view`) with what the view brought: learnt, and resolved
+        again if it changed what the input is made of."""
         known = view.asked(first.region.sources)
         changed = self._take(view.since, items) or bool(view.entries)
-        self._cursor = view.cursor
+        self._cursor = max(self._cursor, view.cursor)  # another thread's view may be newer
         for entry in view.entries.values():
             self._remember(entry)
         for summary_id, sources in view.rests_on.items():
             self._closure(summary_id, sources)
-        if view.depth is not None:
-            self._windows[window] = view.depth
+        if view.depth is not None:  # (a thread may have recorded a deeper one meanwhile)
+            self._windows[window] = max(self._windows.get(window, 0), view.depth)
             while len(self._windows) > self.max_windows:
                 self._windows.popitem(last=False)
         found = first

@@ -9,6 +9,7 @@ The contract every store keeps is written as tests in tests/store_contract.py an
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import sqlite3
@@ -41,30 +42,47 @@ __all__ = ["MemoryStore", "SQLiteStore", "State", "Store", "open_store"]
 class MemoryStore:
     """A process-local store: for tests, demos and runtimes that keep originals in memory.
 
-    Bounded: at most `max_sources` source texts and as many summary texts are held (oldest put
-    first out; an evicted source leaves a tombstone), and a source put more than `ttl` seconds
-    ago expires. Entries (a few hundred bytes per text, no text) are kept so what was known stays
-    known.
+    Bounded: at most `max_sources` source texts and as many summary texts (with their per-fact
+    provenance) are held, oldest put first out; a source put more than `ttl` seconds ago
+    expires. A source evicted (by `evict`, capacity or TTL) leaves a tombstone; at most
+    `max_tombstones` (default: `max_sources`) are kept, the oldest forgotten with its source's
+    entry: its id is then unknown (still dead) and its text new evidence. Summaries' entries (a
+    few hundred bytes each, no text) are never forgotten: a forgotten summary would come back as
+    original evidence, a wrong allow. See docs/stores.md.
     """
 
-    def __init__(self, *, max_sources: int | None = None, ttl: float | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        max_sources: int | None = None,
+        ttl: float | None = None,
+        max_tombstones: int | None = None,
+    ) -> None:
         if max_sources is not None and max_sources < 1:
             raise ValueError(f'"max_sources" must be >= 1: {max_sources}')
         if ttl is not None and ttl <= 0:
             raise ValueError(f'"ttl" must be > 0 seconds: {ttl}')
+        if max_tombstones is not None and max_tombstones < 0:
+            raise ValueError(f'"max_tombstones" must be >= 0: {max_tombstones}')
         self.max_sources = max_sources
         self.ttl = ttl
+        self.max_tombstones = max_sources if max_tombstones is None else max_tombstones
         self._secret = os.urandom(32)
         self._lock = threading.Lock()
         self._held: OrderedDict[str, tuple[Source, str, float]] = OrderedDict()  # id -> expiry
-        self._dead: dict[str, State] = {}
+        self._dead: OrderedDict[str, State] = OrderedDict()  # the tombstones, oldest first
+        self._of_source: dict[str, set[str]] = {}  # source id -> digests of its entries
         self._entries: dict[str, Entry] = {}  # digest -> entry
         self._by_id: dict[str, Entry] = {}  # summary id -> entry
         self._by_anchor: dict[str, list[str]] = {}  # anchor -> digests
         self._texts: OrderedDict[str, str] = OrderedDict()  # summary digest -> text, bounded
         # summary id -> fact -> ids of the sources stating it; bounded with the summary texts
         self._facts: OrderedDict[str, dict[str, set[str]]] = OrderedDict()
-        self._log: list[str] = []  # digests in record order, for `since`
+        # For `since`: each entry's last write (digest -> seq) and the writes in order; a write
+        # superseded by a later one of the same text is skipped, and dropped when they pile up.
+        self._seq = 0
+        self._order: dict[str, int] = {}
+        self._log: list[tuple[int, str]] = []
         self._depths: dict[str, int] = {}
         _fork.register(self, MemoryStore._after_fork)
 
@@ -79,7 +97,31 @@ class MemoryStore:
         if previous is None and entry.anchor is not None:
             self._by_anchor.setdefault(entry.anchor, []).append(entry.digest)
         self._entries[entry.digest] = entry
-        self._log.append(entry.digest)
+        if entry.depth == 0:
+            self._of_source.setdefault(entry.id, set()).add(entry.digest)
+        self._seq += 1
+        self._order[entry.digest] = self._seq
+        self._log.append((self._seq, entry.digest))
+        if len(self._log) > 2 * len(self._order) + 1024:
+            self._log = [(s, d) for s, d in self._log if self._order.get(d) == s]
+
+    def _bury(self, source_id: str, state: State) -> None:
+        """Leave a tombstone; past `max_tombstones`, forget the oldest with its entries."""
+        self._dead[source_id] = state
+        self._dead.move_to_end(source_id)
+        while self.max_tombstones is not None and len(self._dead) > self.max_tombstones:
+            forgotten, _ = self._dead.popitem(last=False)
+            for d in self._of_source.pop(forgotten, ()):
+                entry = self._entries.get(d)
+                if entry is None or entry.depth > 0 or entry.id != forgotten:
+                    continue  # a summary now, or the same text put under a live id
+                del self._entries[d]
+                self._order.pop(d, None)
+                listed = self._by_anchor.get(entry.anchor or "")
+                if listed is not None and d in listed:
+                    listed.remove(d)
+                    if not listed:
+                        del self._by_anchor[entry.anchor or ""]
 
     def _expire(self, now: float) -> None:
         while self._held:
@@ -87,7 +129,7 @@ class MemoryStore:
             if expires > now:
                 return
             del self._held[source_id]
-            self._dead[source_id] = "expired"
+            self._bury(source_id, "expired")
 
     def put_source(self, source: Source, text: str) -> None:
         entry = Entry.of_source(self._secret, source, text)
@@ -100,7 +142,7 @@ class MemoryStore:
             if self.max_sources is not None:
                 while len(self._held) > self.max_sources:
                     dropped, _ = self._held.popitem(last=False)
-                    self._dead[dropped] = "evicted"
+                    self._bury(dropped, "evicted")
 
     def _held_now(self, source_id: str) -> tuple[Source, str, float] | None:
         self._expire(time.monotonic())
@@ -116,7 +158,7 @@ class MemoryStore:
             if self._held_now(source_id) is None:
                 return False
             del self._held[source_id]
-            self._dead[source_id] = "evicted"
+            self._bury(source_id, "evicted")
             return True
 
     def live(self, source_ids: Collection[str]) -> frozenset[str]:
@@ -184,16 +226,20 @@ class MemoryStore:
     def since(self, cursor: int, limit: int) -> tuple[int, list[tuple[Entry, str | None]]]:
         with self._lock:
             self._expire(time.monotonic())
-            digests = self._log[cursor : cursor + limit]
+            at = bisect.bisect_right(self._log, (cursor, "~"))  # the first write after cursor
             out: list[tuple[Entry, str | None]] = []
-            for d in digests:
+            while at < len(self._log) and len(out) < limit:
+                cursor, d = self._log[at]
+                at += 1
+                if self._order.get(d) != cursor:
+                    continue  # written again later, or forgotten
                 entry = self._entries[d]
                 if entry.depth == 0:
                     held = self._held.get(entry.id)
                     out.append((entry, held[1] if held is not None else None))
                 else:
                     out.append((entry, self._texts.get(d)))
-            return cursor + len(digests), out
+            return cursor, out
 
     def view(
         self,

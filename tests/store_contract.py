@@ -306,6 +306,48 @@ class StoreContract:
         assert dict(store.facts([entry.id])[entry.id]) == {"n:7": ("cfg",)}
         assert store.live(["cfg"]) == frozenset()
 
+    # -- a decision's reads at once --------------------------------------------------------------
+
+    def test_view_is_since_lookup_closures_liveness_and_depth(self, store: Store) -> None:
+        """view() answers what since, lookup, rests_on, live and window_depth would."""
+        store.put_source(Source("a", "config_read"), "source text a")
+        store.put_source(Source("b", "user_turn"), "source text b")
+        store.put_source(Source("c", "tool_output"), "source text c")
+        store.evict("c")
+        s1 = summary(store, "first summary text", sources=("a", "c"))
+        store.put_summary(s1, "first summary text")
+        s2 = summary(store, "second summary text", depth=2, parents=(s1.id,), sources=("b",))
+        store.put_summary(s2, "second summary text")
+        b = digest(store.secret(), encode("source text b"))
+        view = store.view(0, 100, [s2.digest, b, "0" * 32], ["x", "a"], "w")
+        assert [(e.id, t) for e, t in view.since] == [
+            ("a", "source text a"),
+            ("b", "source text b"),
+            ("c", None),
+            (s1.id, "first summary text"),
+            (s2.id, "second summary text"),
+        ]
+        assert view.entries == {s2.digest: s2, b: store.lookup([b])[b]}
+        assert view.rests_on == {s2.id: {"a", "b", "c"}}
+        assert view.live == {"a", "b"}  # x unknown, c evicted: neither held
+        assert view.asked(["x", "a"]) == {"x", "a", "b", "c"}
+        assert view.depth == 2
+        assert store.view(view.cursor, 100, [], [], None) == type(view)(
+            view.cursor, [], {}, {}, frozenset(), None
+        )
+
+    def test_view_of_many_sources_pages_since(self, store: Store) -> None:
+        """Liveness of 2,000 ids in one view; since stops at the limit and the cursor resumes."""
+        for i in range(2000):
+            store.put_source(Source(f"s{i}", "tool_output"), f"text {i}")
+        for i in range(0, 2000, 2):
+            store.evict(f"s{i}")
+        view = store.view(0, 1500, [], [f"s{i}" for i in range(2000)], "nowhere")
+        assert view.live == {f"s{i}" for i in range(1, 2000, 2)}
+        assert len(view.since) == 1500 and view.depth == 0
+        rest = store.view(view.cursor, 1500, [], [])
+        assert len(rest.since) == 500 and rest.depth is None
+
     # -- catching up ----------------------------------------------------------------------------
 
     def test_since_pages_through_every_entry_in_order(self, store: Store) -> None:

@@ -12,6 +12,7 @@ from store_contract import MakeStore, Reopen, StoreContract, summary
 
 from policyhook import Guard, MemoryStore, Source, SQLiteStore, UnsafeRecompactionError
 from policyhook._errors import StoreUnavailableError
+from policyhook._provenance import anchor_of, digest, encode
 from policyhook.stores import Store
 
 
@@ -79,6 +80,54 @@ class TestMemoryStoreBounds:
             MemoryStore(max_sources=0)
         with pytest.raises(ValueError, match='"ttl" must be > 0 seconds: -1'):
             MemoryStore(ttl=-1)
+        with pytest.raises(ValueError, match='"max_tombstones" must be >= 0: -1'):
+            MemoryStore(max_tombstones=-1)
+
+    def test_tombstones_are_bounded_and_the_oldest_forgotten_is_still_dead(self) -> None:
+        """Past max_tombstones the oldest tombstone goes with its entry: the id is unknown but
+        never live again, and its text is new evidence; newer tombstones still say evicted."""
+        store = MemoryStore(max_sources=2, max_tombstones=2)
+        for i in range(6):
+            store.put_source(Source(f"s{i}", "tool_output"), f"the text of source number {i}")
+        assert store.states([f"s{i}" for i in range(6)]) == {
+            "s2": "evicted",
+            "s3": "evicted",
+            "s4": "live",
+            "s5": "live",
+        }
+        assert store.live(["s0", "s1"]) == frozenset()
+        old = digest(store.secret(), encode("the text of source number 0"))
+        assert store.lookup([old]) == {}
+        anchor = anchor_of(store.secret(), encode("the text of source number 0"))
+        assert anchor is not None
+        assert {e.id for e in store.by_anchor([anchor])} == {"s2", "s3", "s4", "s5"}
+
+    def test_a_long_run_stays_bounded(self) -> None:
+        """20,000 rounds of new sources, evictions, re-puts and summaries: every structure of
+        the store stays within its bound except one small entry per summary made, and every
+        summary made is still recognised as one."""
+        store = MemoryStore(max_sources=50)
+        made = []
+        for i in range(20_000):
+            store.put_source(Source(f"s{i}", "tool_output"), f"tool output number {i}")
+            store.put_source(Source("cfg", "config_read"), "retry_ceiling: 7")  # re-put
+            if i % 3 == 0:
+                store.evict(f"s{i}")
+            if i % 100 == 0:
+                text = f"summary number {i} of the run"
+                entry = summary(store, text, sources=(f"s{i}",))
+                store.put_summary(entry, text, [("n", (f"s{i}",))])
+                made.append(entry)
+        sizes = {name: len(getattr(store, name)) for name in ("_held", "_dead", "_texts", "_facts")}
+        assert sizes == {"_held": 50, "_dead": 50, "_texts": 50, "_facts": 50}
+        assert len(store._entries) == len(store._order) <= 50 + 50 + len(made) + 1
+        assert len(store._of_source) <= 50 + 50 + 1
+        assert len(store._log) <= 2 * len(store._order) + 1024
+        assert sum(map(len, store._by_anchor.values())) <= len(store._entries)
+        found = store.lookup([e.digest for e in made])
+        assert len(found) == len(made) and all(e.depth == 1 for e in found.values())
+        _, every = store.since(0, 100_000)
+        assert len(every) == len(store._entries)  # each entry once, none forgotten listed
 
 
 class TestSQLite:
