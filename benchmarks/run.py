@@ -113,6 +113,18 @@ def measure(fn: Callable[[], object], repeat: int, warmup: int | None = None) ->
     return Stats(samples)
 
 
+def measure_together(
+    fns: Mapping[str, Callable[[], object]], repeat: int, slices: int = 10
+) -> dict[str, Stats]:
+    """`measure` of each of `fns` in alternating slices: a change of the machine's load during
+    the run falls on all of them alike, so their ratios hold."""
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(slices):
+        for name, fn in fns.items():
+            samples[name] += measure(fn, max(1, repeat // slices)).samples
+    return {name: Stats(values) for name, values in samples.items()}
+
+
 def us(ns: float) -> str:
     return f"{ns / 1000:,.2f}" if ns < 100_000 else f"{ns / 1000:,.0f}"
 
@@ -287,11 +299,18 @@ def bench_engine(report: Report, backends: list[cel.Backend], repeat: int) -> di
         # fresh from the allocator, as the guard's are, not one dict hot in the CPU's caches
         allows = itertools.cycle([copy.deepcopy(allow) for _ in range(1000)])
         denies = itertools.cycle([copy.deepcopy(deny) for _ in range(1000)])
-        raw_stats = measure(raw, n)
-        fair_stats = measure(fair, n)
-        decide = measure(functools.partial(_decide_next, policies, allows), n)
-        refuse = measure(functools.partial(_decide_next, policies, denies), n)
-        built = measure(build_and_decide, n)
+        timed: dict[str, Callable[[], object]] = {
+            "raw": raw,
+            "fair": fair,
+            "decide": functools.partial(_decide_next, policies, allows),
+            "refuse": functools.partial(_decide_next, policies, denies),
+            "built": build_and_decide,
+        }
+        if whole is not None:
+            timed["whole"] = fair_whole
+        stats = measure_together(timed, n)
+        raw_stats, fair_stats, decide = stats["raw"], stats["fair"], stats["decide"]
+        refuse, built = stats["refuse"], stats["built"]
         engine[f"{backend.name}/fair"] = fair_of[backend.name] = fair_stats.median
         engine[backend.name] = decide.median
         engine[f"{backend.name}/deny"] = refuse.median
@@ -304,7 +323,7 @@ def bench_engine(report: Report, backends: list[cel.Backend], repeat: int) -> di
             ("fair raw: new activation + conversion + the 4 expressions", fair_stats),
         ]
         if whole is not None:
-            whole_stats = measure(fair_whole, n)
+            whole_stats = stats["whole"]
             engine[f"{backend.name}/fair_whole"] = whole_stats.median
             label = "fair raw, one program: new activation + conversion + the policy as one program"
             rows.append((label, whole_stats))
@@ -313,15 +332,14 @@ def bench_engine(report: Report, backends: list[cel.Backend], repeat: int) -> di
             ("`PolicySet.decide`, deny (+ one by one, messageExpression)", refuse),
             ("new activation + `PolicySet.decide`, allow", built),
         ]
-        measured += [(f"{backend.name}: {label}", stats) for label, stats in rows]
+        measured += [(f"{backend.name}: {label}", row) for label, row in rows]
     table = []
-    for label, stats in measured:
-        backend_name = label.split(":")[0]
-        fair_median = fair_of.get(backend_name)
+    for label, row in measured:
+        fair_median = fair_of.get(label.split(":")[0])
         table.append(
-            [label, us(stats.median), us(stats.mean), us(stats.p99),
-             f"{stats.median / fair_median:.2f}x" if fair_median else "",
-             f"{stats.median / base.median:,.0f}x"]
+            [label, us(row.median), us(row.mean), us(row.p99),
+             f"{row.median / fair_median:.2f}x" if fair_median else "",
+             f"{row.median / base.median:,.0f}x"]
         )  # fmt: skip
     report.table(
         "Policy engine: the default policy, one decision",
@@ -448,11 +466,13 @@ def bench_guard(
             call, bare, clear = _guarded_setup(backend, telemetry)
             with quiet_logs():
                 samples: list[float] = []
-                bare_stats = measure(bare, n)
+                bare_samples: list[float] = []
                 for _ in range(10):  # in slices, so exported spans never pile up
+                    bare_samples += measure(bare, n // 10, warmup=20).samples
                     samples += measure(call, n // 10, warmup=20).samples
                     clear()
-            stats = Stats([s - bare_stats.median for s in samples])
+            bare_median = Stats(bare_samples).median
+            stats = Stats([s - bare_median for s in samples])
             label = {
                 "none": "no telemetry (stubbed out)",
                 "api": "OTel API only (no SDK: no-op)",
@@ -484,66 +504,72 @@ def bench_guard(
 
 
 def bench_guard_parts(report: Report, engine: Mapping[str, float], repeat: int) -> None:
-    """Where the stubbed guarded call's time goes: each step timed alone on the same input."""
+    """Where the stubbed guarded call's time goes: the call without each step (the step
+    replaced by its result, computed beforehand), beside the step timed alone in a loop."""
     from opentelemetry.trace import INVALID_SPAN
 
     from policyhook._hook import current_request
 
     backend = default_backend()
+    window = current_request().window
+    steps = {
+        "provenance: `Ledger.resolve` of the input": {"resolve"},
+        "`PolicySet.decide`": {"decide"},
+        "provenance: `Ledger.record_summary` of the output": {"record_summary"},
+        "provenance: window depth (`Ledger.max_depth`) + liveness (MemoryStore)": {
+            "max_depth",
+            "live",
+        },
+    }
+    everything = set().union(*steps.values())
+    calls = {"whole": _stubbed_call(backend, window, set())}
+    calls |= {label: _stubbed_call(backend, window, stubbed) for label, stubbed in steps.items()}
+    calls["own"] = _stubbed_call(backend, window, everything)
     guard = Guard(load(DEFAULT_POLICY, backend=backend), store=MemoryStore())
     guard._telemetry = _NoTelemetry()  # type: ignore[assignment]
-    call, value, output = _guarded_call(guard)
-    window = current_request().window
+    _, value, output = _guarded_call(guard)
     resolution = guard.ledger.resolve(value, window)
     region = resolution.region
     live = guard.store.live(region.sources)
     activations = itertools.cycle([_activation_of(region, live) for _ in range(1000)])
+    alone: dict[str, Callable[[], object]] = {
+        "provenance: `Ledger.resolve` of the input": lambda: guard.ledger.resolve(value, window),
+        "`PolicySet.decide`": lambda: guard.policies.decide(next(activations)),
+        "provenance: `Ledger.record_summary` of the output":
+            lambda: guard.ledger.record_summary(output, region, window),
+        "provenance: window depth (`Ledger.max_depth`) + liveness (MemoryStore)": lambda: (
+            guard._window_depth(window, INVALID_SPAN), guard._live(resolution, INVALID_SPAN)),
+    }  # fmt: skip
     with quiet_logs():
-        whole = measure(call, repeat)
-        parts: list[tuple[str, Callable[[], object]]] = [
-            ("provenance: `Ledger.resolve` of the input",
-             lambda: guard.ledger.resolve(value, window)),
-            ("window depth + liveness (MemoryStore)",
-             lambda: (guard._window_depth(window, INVALID_SPAN),
-                      guard._live(resolution, INVALID_SPAN))),
-            ("activation (`activation.build`)", lambda: _activation_of(region, live)),
-            ("`PolicySet.decide`", lambda: guard.policies.decide(next(activations))),
-            ("provenance: `Ledger.record_summary` of the output",
-             lambda: guard.ledger.record_summary(output, region, window)),
-        ]  # fmt: skip
-        steps = [(label, measure(step, repeat)) for label, step in parts]
-        own = measure(_stubbed_call(backend, value, window), repeat)
+        timed = measure_together(calls | {f"alone/{k}": fn for k, fn in alone.items()}, repeat)
+    whole, own = timed["whole"].median, timed["own"].median
     fair = engine[f"{backend.name}/fair"]
-    rows = [[label, us(s.median), f"{s.median / whole.median:.0%}", f"{s.median / fair:.2f}x"]
-            for label, s in steps]  # fmt: skip
-    rows.append(
-        [
-            "the guard's own code (the steps above replaced by their results)",
-            us(own.median),
-            f"{own.median / whole.median:.0%}",
-            f"{own.median / fair:.2f}x",
-        ]
-    )
-    rest = whole.median - sum(s.median for _, s in steps) - own.median
-    rows.append(["the rest: the same steps' extra cost inside a whole call (caches, allocation)",
-                 us(rest), f"{rest / whole.median:.0%}", f"{rest / fair:.2f}x"])  # fmt: skip
-    rows.append(["whole guarded call", us(whole.median), "100%", f"{whole.median / fair:.2f}x"])
+    rows: list[list[str]] = []
+    data: dict[str, Any] = {"whole": whole, "own": own}
+    for label in steps:
+        cost = whole - timed[label].median
+        data[label] = {"in_call": cost, "alone": timed[f"alone/{label}"].median}
+        rows.append([label, us(cost), us(timed[f"alone/{label}"].median),
+                     f"{cost / whole:.0%}", f"{cost / fair:.2f}x"])  # fmt: skip
+    rows.append(["the guard's own code (every step above replaced by its result)", us(own), "",
+                 f"{own / whole:.0%}", f"{own / fair:.2f}x"])  # fmt: skip
+    rows.append(["whole guarded call", us(whole), "", "100%", f"{whole / fair:.2f}x"])
     report.table(
         f"Guard: where one call's time goes ({backend.name}, telemetry stubbed)",
-        ["step", "median µs", "share of the call", "vs fair raw engine"],
+        ["step", "in the call µs", "timed alone µs", "share of the call", "vs fair raw engine"],
         rows,
-        "Each step timed alone, in a loop, on the input and guard of the table above (same "
-        "run); the guard's own code is the same call with those steps returning results "
-        "computed beforehand; the rest is the whole call's median minus all of these.",
+        "In the call: the whole call's median minus the median of the same call with that step "
+        "replaced by its result (computed beforehand), all measured in alternating slices of "
+        "the same run; a step costs more inside a call than alone in a loop (the steps before "
+        "it leave the caches cold and the ledger with new state to read). The shares need not "
+        "add up to 100%.",
     )
-    report.data["guard_parts_ns"] = {label: s.median for label, s in steps} | {
-        "own": own.median, "rest": rest, "whole": whole.median,
-    }  # fmt: skip
+    report.data["guard_parts_ns"] = data
 
 
-def _stubbed_call(backend: cel.Backend, value: str, window: str) -> Callable[[], object]:
-    """The guarded call of `bench_guard_parts` with resolve, liveness, decide and record
-    replaced by their results: what is left is the guard's own code."""
+def _stubbed_call(backend: cel.Backend, window: str, stubbed: set[str]) -> Callable[[], object]:
+    """The guarded call of `bench_guard_parts`, with the `stubbed` steps (resolve, decide,
+    record_summary, max_depth, live) replaced by their results, computed beforehand."""
     guard = Guard(load(DEFAULT_POLICY, backend=backend), store=MemoryStore())
     guard._telemetry = _NoTelemetry()  # type: ignore[assignment]
     call, value, _ = _guarded_call(guard)
@@ -551,16 +577,18 @@ def _stubbed_call(backend: cel.Backend, value: str, window: str) -> Callable[[],
     live = guard.store.live(resolution.region.sources)
     depth = guard.ledger.max_depth(window)
     decision = guard.policies.decide(_activation_of(resolution.region, live))
-    policies = SimpleNamespace(checks_output=False, decide=lambda *_, **__: decision)
-    stubs: list[tuple[object, str, Callable[..., object]]] = [
-        (guard.ledger, "resolve", lambda *_: resolution),
-        (guard.ledger, "record_summary", lambda *_: None),
-        (guard.ledger, "max_depth", lambda *_: depth),
-        (guard.store, "live", lambda *_: live),
-    ]
-    for owner, name, stub in stubs:
+    stubs: dict[str, tuple[object, Callable[..., object]]] = {
+        "resolve": (guard.ledger, lambda *_: resolution),
+        "record_summary": (guard.ledger, lambda *_: None),
+        "max_depth": (guard.ledger, lambda *_: depth),
+        "live": (guard.store, lambda *_: live),
+    }
+    for name in stubbed - {"decide"}:
+        owner, stub = stubs[name]
         setattr(owner, name, stub)
-    guard._policies = policies  # type: ignore[assignment]
+    if "decide" in stubbed:
+        policies = SimpleNamespace(checks_output=False, decide=lambda *_, **__: decision)
+        guard._policies = policies  # type: ignore[assignment]
     return call
 
 
