@@ -19,6 +19,7 @@ Nothing here imports the policy engine or the hook: they build on it.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import re
 import threading
@@ -60,7 +61,7 @@ _AFTER = 3
 _EXTENSIONS = (
     "py|pyi|ts|tsx|js|jsx|mjs|cjs|json|jsonl|ya?ml|toml|ini|cfg|conf|md|rst|txt|csv|sql|sh|bash|"
     "go|rs|rb|java|kt|swift|c|h|cc|cpp|hpp|cs|php|html|css|scss|lock|env|log|xml|proto|tf|r|R|"
-    "ipynb|svg|png|jpg|pdf|tex|cls|bib|dockerfile|gradle|vue|svelte"
+    "ipynb|svg|png|jpg|pdf|tex|cls|bib|dockerfile|gradle|vue|svelte|ex|exs|heex|eex|erl"
 )
 _MONTHS = {
     m[:3]: i + 1
@@ -279,6 +280,7 @@ _FACT_RE = re.compile(
     (?=[^\x20\t\r])
     (?:
     (?P<url>\b(?:https?|ftp|wss?)://[^\s<>"'`)\]}]++)
+  | (?P<arity>\b[A-Za-z_][\w.]*+[!?]?/\d{1,2}(?![\w/.]))
   | (?P<uuid>\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b)
   | (?P<date>\b\d{4}-\d{2}-\d{2}
         (?:[T\x20]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?\b
@@ -289,7 +291,7 @@ _FACT_RE = re.compile(
   | (?P<path>(?<![\w<>])(?:~|\.\.?)?/(?:[\w.@+-]++/)*+[\w.@+-]*[\w@+-](?::\d+(?::\d+)?)?
       | [\w.@+-]++(?:/[\w.@+-]++){2,}/?(?::\d+(?::\d+)?)?
       | [\w.@+-]++/[\w@+-]*+\.[A-Za-z]\w*+(?::\d+(?::\d+)?)?
-      | \b[\w-]++(?:\.[\w-]++)*?\.(?:"""
+      | \b[\w-]++(?:\.[\w-]++)*\.(?:"""
     + _EXTENSIONS
     + r""")\b(?::\d+(?::\d+)?)?)
   | (?P<version>\bv?\d++\.\d++\.\d++(?:[-+][0-9A-Za-z.-]*[0-9A-Za-z]|\.\d+)*+\b|\bv\d++(?:\.\d+)?\b)
@@ -333,8 +335,26 @@ _RATE_RE = re.compile(
 _SPILL = 16
 #: How far (in characters) a number's context is looked for on each side.
 _WINDOW = 100
+#: Where the words between two numbers change hands (see _numbers).
+_SPLIT_RE = re.compile(r"[,;]|\b(?:and|or|but|across|while|then|plus|versus|vs)\b")
 _RANGE_JOINS = frozenset(
-    ("-", "\u2013", "\u2014", " - ", " \u2013 ", " to ", "..", " and ", " or ", "/", ", ", ",")
+    [
+        *(
+            "-",
+            "\u2013",
+            "\u2014",
+            " - ",
+            " \u2013 ",
+            " to ",
+            "..",
+            " and ",
+            " or ",
+            "/",
+            ", ",
+            ",",
+        ),
+        *(" > ", " < ", " >= ", " <= ", " of ", " vs ", " -> ", " \u2192 "),  # `(13 > 9)`, `3 of 4`
+    ]
 )
 _QUOTE_RE = re.compile(r'"([^"\n]{2,300})"|“([^”\n]{2,300})”|`([^`\n]{2,300})`')
 _ELISION_RE = re.compile(r"\[[^\]]*\]|\.{3,}|…")
@@ -361,6 +381,9 @@ class Fact:
     end: int = field(default=0, compare=False)
     assigned: bool = field(default=False, compare=False)  # written as `key: value` / `key = value`
     bare: str = field(default="", compare=False)  # a number as written, without its unit
+    #: a number that points (`Message 3`, `items 10.1-10.4`, `line 3`, `2.2 R2 Storage`) rather
+    #: than counts or measures: a source states it, a summary's own is not checked
+    reference: bool = field(default=False, compare=False)
 
     def __str__(self) -> str:
         if self.kind == "number" and self.key:
@@ -369,18 +392,19 @@ class Fact:
 
 
 def _stem(word: str) -> str:
-    """A crude English stem, enough that "retries", "retry" and "retrying" meet."""
+    """A crude English stem, enough that "retries", "retry" and "retrying", or "phases" and
+    "phase", meet: only consistency matters, both sides are stemmed alike."""
     w = word.lower()
-    if len(w) > 4 and w.endswith("ies"):
+    if len(w) > 4 and w.endswith(("ies", "ied")):
         return w[:-3] + "y"
     if len(w) > 5 and w.endswith("ing"):
         w = w[:-3]
-    elif (len(w) > 4 and w.endswith("ed")) or (
-        len(w) > 4 and w.endswith(("ses", "xes", "ches", "shes"))
-    ):
+    elif len(w) > 4 and w.endswith(("ed", "sses", "xes", "ches", "shes", "zes")):
         w = w[:-2]
     elif len(w) > 3 and w.endswith("s") and not w.endswith("ss"):
         w = w[:-1]
+    if len(w) > 3 and w[-1] == "e":
+        w = w[:-1]  # phase, phases -> phas; create, created -> creat
     if len(w) > 3 and w[-1] == w[-2] and w[-1] not in "aeiouls":
         w = w[:-1]  # capped -> capp -> cap
     return w
@@ -481,17 +505,34 @@ def _context(segment: str) -> list[tuple[str, str]]:
     return [(w, tok) for tok in _CONTEXT_RE.findall(segment) for w in _parts(tok)]
 
 
+#: A number found by the scan: start, end, as written, value, bare, whether it names a section.
+_Number = tuple[int, int, str, str, str, bool]
+
+
 def _is_marker(text: str, start: int, end: int) -> bool:
-    """A list marker (`1.` or `2)` starting a line, `(3)`): the summarizer's numbering, no fact."""
+    """A list marker (`1.`, `2)` or `2.1:` starting a line, `(3)`): the summarizer's numbering,
+    no fact."""
     after = text[end : end + 2]
     if start > 0 and text[start - 1] == "(" and after[:1] == ")":
-        return True
+        # `(3)` numbers a list; `timeout(3000)` passes an argument
+        return start < 2 or not (text[start - 2].isalnum() or text[start - 2] in "_$.")
     if after[:1] == "\u2192":  # `  42→code`: the line-number gutter of a file read
         return True
-    if after[:1] not in (".", ")") or after[1:2] not in ("", " ", "\t", "\n"):
+    if after[:1] not in (".", ")", ":") or after[1:2] not in ("", " ", "\t", "\n"):
         return False
     line = text[text.rfind("\n", 0, start) + 1 : start]
     return line.strip(" \t#*-") == ""
+
+
+def _is_section(text: str, start: int, end: int) -> bool:
+    """`2.2 R2 Storage`, `### 10.4 Add mathrsfs`: a dotted number before a title names a section."""
+    raw = text[start:end]
+    return (
+        "." in raw
+        and text[end : end + 1] == " "
+        and text[end + 1 : end + 2].isupper()
+        and raw.replace(".", "").isdigit()
+    )
 
 
 def _scan(text: str) -> Iterator[Fact]:
@@ -502,7 +543,7 @@ def _scan(text: str) -> Iterator[Fact]:
     inner capitals or punctuation. A number's context is read afterwards from the words around
     it, never across a line or sentence break or past a neighbouring number.
     """
-    numbers: list[tuple[int, int, str, str, str]] = []  # start, end, as written, value, bare
+    numbers: list[_Number] = []
     skip_until = 0
     finditer = _FACT_RE.finditer
     size = len(text)
@@ -519,7 +560,7 @@ def _scan(text: str) -> Iterator[Fact]:
             if low in _WORD_NUMBERS:
                 at = start + raw_chunk.find(core)
                 value = str(_WORD_NUMBERS[low])
-                numbers.append((at, at + len(core), core, value, value))
+                numbers.append((at, at + len(core), core, value, value, False))
                 continue
             if low[:3] not in _MONTHS or len(low) < 3:
                 continue
@@ -533,7 +574,8 @@ def _scan(text: str) -> Iterator[Fact]:
             if group == "other" or group == "word":
                 continue
             if group == "number":
-                if _is_marker(text, m.start(), m.end()):
+                dotted = "." in raw.rstrip(".")
+                if _is_marker(text, m.start(), m.end()) and not dotted:
                     continue
                 spaced = m.group("spaced")
                 glued = m.group("glued")
@@ -541,9 +583,16 @@ def _scan(text: str) -> Iterator[Fact]:
                 digits = raw[: len(raw) - len(spaced) - 1] if spaced else raw
                 digits = digits[: len(digits) - len(glued)] if glued else digits.rstrip(" %")
                 value, bare = _number(digits, unit)
-                numbers.append((m.start(), m.end(), raw, value, bare))
+                # `- **10.3**: network isolation`, `2.2 R2 Storage`: a section's number
+                section = _is_section(text, m.start(), m.end()) or (
+                    dotted and _is_marker(text, m.start(), m.end())
+                )
+                numbers.append((m.start(), m.end(), raw, value, bare, section))
                 continue
-            if group == "path":
+            if group == "arity":  # `create_refs/2`, `upsert!/4`: a function by name and arity;
+                group = "identifier"  # sources define it by name, its arity is no number
+                value = raw.partition("/")[0].rstrip("!?")
+            elif group == "path":
                 value = _path(raw)
                 if value.strip("./~") == "":
                     continue
@@ -600,24 +649,94 @@ def _implied_unit(
     return f"{_plain(d * factor)} {base}"
 
 
-def _numbers(text: str, numbers: list[tuple[int, int, str, str, str]]) -> Iterator[Fact]:
-    """The numbers of `text` as facts, each with the content words around it."""
-    prev_end, prev_before, prev_unit = 0, list[tuple[str, str]](), ""
-    for i, (start, end, raw, value, bare) in enumerate(numbers):
+#: Nouns that make the number after them a reference, not a quantity: "Message 3", "Phase 2",
+#: "items 10.1-10.4", "line 3", "§4.1". A summarizer numbers its own structure and points into
+#: documents with them; such a number claims where something is, not how much of it there is.
+_LABELS = frozenset(
+    _stem(w)
+    for w in [
+        "message",
+        "request",
+        "response",
+        "reply",
+        "turn",
+        "step",
+        "phase",
+        "stage",
+        "section",
+        "chapter",
+        "part",
+        "item",
+        "point",
+        "question",
+        "option",
+        "tier",
+        "line",
+        "page",
+        "figure",
+        "fig",
+        "table",
+        "appendix",
+        "example",
+        "round",
+        "task",
+    ]
+)
+_LABEL_RE = re.compile(r"(?:([A-Za-z]+)|(§))[\s*_(]*$")
+
+
+def _is_reference(before: str) -> bool:
+    """Whether the text just before a number ends with a label noun or `§` (see _LABELS)."""
+    return _reference_label(before) >= 0
+
+
+def _reference_label(before: str) -> int:
+    """Where the label noun (or `§`) that `before` ends with starts; -1 if it ends with none."""
+    tail = before[-24:]
+    m = _LABEL_RE.search(tail)
+    if m is None or (m.group(2) is None and _stem(m.group(1)) not in _LABELS):
+        return -1
+    return len(before) - len(tail) + m.start()
+
+
+def _numbers(text: str, numbers: list[_Number]) -> Iterator[Fact]:
+    """The numbers of `text` as facts, each with the content words around it.
+
+    Words between two numbers are split at the first comma, conjunction or preposition: those
+    before it describe the first number, those after it the second ("5 new files and 4
+    modifications": files are 5's, modifications 4's; "7 retries, backoff 2s")."""
+    prev_end, prev_before, prev_unit, prev_ref = 0, list[tuple[str, str]](), "", False
+    for i, (start, end, raw, value, bare, section) in enumerate(numbers):
         lo = max(prev_end, start - _WINDOW)
         segment = text[lo:start]
+        gap = text[prev_end:start]
+        # `items 10.1-10.4`, `lines 1-200, then 200-700`: a range shares the reference
+        reference = (
+            section or (prev_ref and len(gap) <= 8 and not _context(gap)) or _is_reference(segment)
+        )
         cut = _last_break(segment)
+        if i and lo == prev_end:
+            split = _SPLIT_RE.search(segment, cut)
+            cut = split.end() if split else cut
         before = _context(segment[cut:])[-_BEFORE:]
         unit = value.partition(" ")[2]
         same = unit == prev_unit or not unit or not prev_unit
         if not before and same and text[prev_end:start] in _RANGE_JOINS:
             before = prev_before  # `lines 174-185`, `5min, 30min, 1h`: a range or list
         hi = numbers[i + 1][0] if i + 1 < len(numbers) else len(text)
+        if hi - end <= _WINDOW:
+            label = _reference_label(text[end:hi])
+            hi = hi if label < 0 else end + label  # `(was 3) at line 152`: not 3's words
         segment = text[end : min(hi, end + _WINDOW)]
         stop = _BREAK_RE.search(segment)
+        if i + 1 < len(numbers) and hi - end <= _WINDOW:
+            stop = _SPLIT_RE.search(segment[: stop.start()] if stop else segment) or stop
         after = _context(segment[: stop.start()] if stop else segment)
-        prev_end, prev_before, prev_unit = end, before, unit
-        context = frozenset([w for w, _ in before] + [w for w, _ in after[:_AFTER]])
+        prev_end, prev_before, prev_unit, prev_ref = end, before, unit, reference
+        words = [w for w, _ in before] + [w for w, _ in after[:_AFTER]]
+        if unit and unit not in _BASES and not unit.startswith("/"):
+            words.append(_stem(unit))  # `<32hex>`: a word glued to a number is its context too
+        context = frozenset(words)
         if not context and value == bare:
             continue  # a number with no word and no unit cannot be checked: "5" grounds nothing
         if value == bare:
@@ -632,12 +751,15 @@ def _numbers(text: str, numbers: list[tuple[int, int, str, str, str]]) -> Iterat
             end=end,
             assigned=_assigned(text, start),
             bare=bare,
+            reference=reference,
         )
 
 
 def _quotes(text: str) -> Iterator[Fact]:
     for m in _QUOTE_RE.finditer(text):
         inner = next(g for g in m.groups() if g is not None)
+        if m.group(3) is not None and not any(c.isspace() for c in inner):
+            continue  # a code span of one token is checked as what it is (identifier, path, …)
         # an elision ("... [full plan] ...") splits a quote into the parts actually quoted
         for part in _ELISION_RE.split(inner):
             value = _quote_value(part)
@@ -648,7 +770,7 @@ def _quotes(text: str) -> Iterator[Fact]:
 def extract(text: str) -> tuple[Fact, ...]:
     """The checkable facts of `text`, in order of appearance (each distinct fact once)."""
     facts = sorted((*_scan(text), *_quotes(text)), key=lambda f: f.start)
-    return tuple(dict.fromkeys(facts))
+    return tuple(dict.fromkeys(f for f in facts if not f.reference))
 
 
 class FactIndex:
@@ -712,6 +834,8 @@ class FactIndex:
             self._add_fact(fact, (source_id,))
             if (fact.kind == "number" and fact.assigned) or fact.kind in _KEY_KINDS:
                 assigned.append(fact)
+        for fact in _counts(text):  # what a source states by its shape: lines, list items
+            self._add_fact(fact, (source_id,))
         if assigned:
             self._assigned[source_id] = assigned
 
@@ -731,6 +855,13 @@ class FactIndex:
             if fact.bare and fact.bare != fact.value:  # stated with a unit
                 keys += ["b" + fact.bare + "\0" + w for w in fact.context]
                 keys.append("v" + fact.value)
+            elif (
+                len(fact.value) >= 4 and fact.value.isdigit() and not _TIME.isdisjoint(fact.context)
+            ):
+                # `AbortSignal.timeout(3000)`, `sleep_ms(1500)`: a duration of 1000 or more with
+                # no unit is, by the convention of most APIs, milliseconds; "3s timeout" is it
+                seconds = _plain(Decimal(fact.value) / 1000)
+                keys += ["n" + seconds + " s\0" + w for w in fact.context]
         elif fact.kind == "path":
             # every run of consecutive components, so `lib/x.ts` and `apps/web` are found in
             # `/home/dev/apps/web/lib/x.ts` with one lookup
@@ -763,10 +894,26 @@ class FactIndex:
             if not found and fact.value != fact.bare and _specific(fact.bare):
                 # `48.2s` is specific enough to be found by value and unit alone
                 found.update(get("v" + fact.value, ()))
+            unit = fact.value.partition(" ")[2]
+            if not found and unit and unit not in _BASES and not unit.startswith("/"):
+                # `<32hex>` is stated by `32 hex trace_id`: a word glued on, not a unit
+                found.update(get("n" + fact.bare + "\0" + _stem(unit), ()))
             return frozenset(found)
         if fact.kind == "path":
             parts = _components(fact.value)[-_PATH_DEPTH:]
-            return frozenset(get("p" + "/".join(parts), ()))
+            found.update(get("p" + "/".join(parts), ()))
+            if not found and fact.value[0].isalpha() and all(p.isalpha() for p in parts):
+                # `process management (fork/clone/execve)`: plain words joined by slashes that
+                # no source has as a path are alternatives, stated by one source naming each
+                ids: set[str] | None = None
+                for p in parts:
+                    ids = (
+                        set(get("w" + p.lower(), ()))
+                        if ids is None
+                        else ids & get("w" + p.lower(), set())
+                    )
+                found.update(ids or ())
+            return frozenset(found)
         if fact.kind == "quote":
             # verbatim up to case, spacing and punctuation, in one source; quotes are few, so
             # looking through the sources' words (kept normalised) costs less than indexing them
@@ -778,16 +925,130 @@ class FactIndex:
                 candidates = ids if candidates is None else candidates & ids
             norm = self._norm
             found.update(s for s in candidates or () if s in norm and needle in norm[s])
+            if not found:
+                found.update(self._loosely_quoted(fact))
             return frozenset(found)
         found.update(get(fact.kind[0] + ":" + fact.value, ()))
         found.update(get("t" + fact.value, ()))
         return frozenset(found)
+
+    def _loosely_quoted(self, fact: Fact) -> Iterator[str]:
+        """Sources a quote is near-verbatim in: a long quote (8 words or more) with nine in ten
+        of its word pairs in one source (the user typed "Review ,Deiscussion", the summary
+        quotes "Review, Discussion"); a code span of a few words and no digits with its words
+        in order within a dozen words of one source (`overallStatus: "degraded"` of
+        `overallStatus = failed ? "degraded" : "ok"`)."""
+        words = fact.value.split()
+        longest = sorted(set(words), key=len, reverse=True)[:3]
+        seen = Counter(s for w in longest for s in self._keys.get("w" + w, ()))
+        candidates = [s for s, n in seen.items() if n >= min(2, len(longest)) and s in self._norm]
+        if len(words) >= 8:
+            pairs = [f" {a} {b} " for a, b in itertools.pairwise(words)]
+            need = 0.9 * len(pairs)
+            for sid in candidates:
+                norm = self._norm[sid]
+                if sum(p in norm for p in pairs) >= need:
+                    yield sid
+        elif fact.text.startswith("`") and not any(c.isdigit() for c in fact.value):
+            for sid in candidates:
+                if _in_order(self._norm[sid], words, 12):
+                    yield sid
 
     def assigned_facts(self, source_ids: Iterable[str]) -> Iterator[tuple[Fact, str]]:
         """The `key: value` numbers of these sources: the facts a summary should not drop."""
         for sid in source_ids:
             for fact in self._assigned.get(sid, ()):
                 yield fact, sid
+
+
+#: Words naming a duration: a unitless 1000 or more beside them is also read as milliseconds.
+_TIME = frozenset(
+    _stem(w)
+    for w in [
+        "timeout",
+        "delay",
+        "interval",
+        "sleep",
+        "wait",
+        "ttl",
+        "duration",
+        "latency",
+        "elapsed",
+        "backoff",
+    ]
+)
+#: The line-number gutter of a file read (`  1274→`): its last number is the file's line count.
+#: Units a number's value is folded to (`_UNITS`); any other word glued to it is context.
+_BASES = frozenset(base for base, _ in _UNITS.values() if base)
+_GUTTER_RE = re.compile(r"^ *(\d+)\u2192", re.MULTILINE)
+#: An enumeration marker, at a line start or inline after a sentence: `1.`, `2)`.
+_ENUM_RE = re.compile(r"(?:^|(?<=[\s(]))(\d{1,2})[.)](?=\s)", re.MULTILINE)
+_LINE = _stem("line")
+
+
+def _counts(text: str) -> Iterator[Fact]:
+    """Counts a source states by its shape, not in words: a file read whose gutter ends at 1274
+    states "1274 lines"; a text enumerating `1.` to `4.` states that there are four of them,
+    described by the words before the first marker and after each one."""
+    gutter = _GUTTER_RE.findall(text)
+    if gutter:
+        yield Fact("number", str(int(gutter[-1])), frozenset((_LINE,)))
+    yield from _bullets(text)
+    run: list[re.Match[str]] = []
+    for m in _ENUM_RE.finditer(text):
+        n = int(m.group(1))
+        if n == len(run) + 1:
+            run.append(m)
+            continue
+        yield from _enumeration(text, run)
+        run = [m] if n == 1 else []
+    yield from _enumeration(text, run)
+
+
+#: A bulleted line: its marker (`-`, `*`, `•`, `↳`, …) and the words after it.
+_BULLET_RE = re.compile(r"^[ \t]*([-*+\u2022\u21b3\u2190\u25cb\u25cf>])[ \t]+(\S.*)$", re.MULTILINE)
+
+
+def _bullets(text: str) -> Iterator[Fact]:
+    """A run of lines with the same bullet states how many there are (`CHILDREN` followed by
+    three `↳ …` lines: three subtasks), described by the words before and in the items."""
+    run: list[re.Match[str]] = []
+    for m in _BULLET_RE.finditer(text):
+        if run and (
+            m.group(1) != run[-1].group(1) or text.count("\n", run[-1].end(), m.start()) != 1
+        ):
+            yield from _enumeration(text, run)
+            run = []
+        run.append(m)
+    yield from _enumeration(text, run)
+
+
+def _enumeration(text: str, run: list[re.Match[str]]) -> Iterator[Fact]:
+    if len(run) < 2:
+        return
+    words = [w for w, _ in _context(text[max(0, run[0].start() - 200) : run[0].start()])][-12:]
+    for m in run:
+        words += [w for w, _ in _context(text[m.end() : m.end() + 60])][:4]
+    if words:
+        yield Fact("number", str(len(run)), frozenset(words))
+
+
+def _in_order(norm: str, words: list[str], within: int) -> bool:
+    """Whether `words` occur in this order in `norm` (one space apart) within `within` words."""
+    first = " " + words[0] + " "
+    at = norm.find(first)
+    tries = 0
+    while at >= 0 and tries < 100:
+        rest = norm[at + 1 :].split(" ", within + 1)[:within]
+        i = 0
+        for w in rest:
+            if w == words[i]:
+                i += 1
+                if i == len(words):
+                    return True
+        at = norm.find(first, at + 1)
+        tries += 1
+    return False
 
 
 def _specific(digits: str) -> bool:

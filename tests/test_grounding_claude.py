@@ -13,9 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_grounding import materialise
 
+from policyhook.adapters.claude_postcompact import compaction_context, history_sources
 from policyhook.adapters.claude_postcompact import run as postcompact_run
 from policyhook.cli import main as cli_main
+from policyhook.grounding import FactIndex, check
 
 FIXTURES = Path(__file__).parent / "fixtures" / "grounding"
 
@@ -66,16 +69,17 @@ class TestPostCompact:
         code, out = run(post(path, session, summary), state)
         assert code == 0
         message = json.loads(out)["systemMessage"]
-        assert message.startswith("policyhook: 34 of 234 facts of the compaction summary")
+        assert message.startswith("policyhook: 7 of 157 facts of the compaction summary")
         code, out = run(start(session), state)
         context = json.loads(out)["hookSpecificOutput"]
         assert context["hookEventName"] == "SessionStart"
         text = context["additionalContext"]
-        assert "200 of 234 facts appear in the history" in text
+        assert "150 of 157 facts appear in the history" in text
         assert "- number: Mitigation_plan md 1443" in text  # finding A of docs/grounding.md
-        assert "- number: Upstash Redis 2.2" in text
-        assert "(14 more not listed)" in text  # 34 ungrounded, 20 listed
-        assert "(84 more not listed)" in text  # 94 dropped, 10 listed
+        assert "- number: launched 2" in text  # C
+        # 7 ungrounded, 6 distinct ("Infrastructure Foundation 9" twice): all listed
+        assert "re-check before relying on them):\n- number" in text
+        assert "(77 more not listed)" in text  # 87 distinct dropped facts, 10 listed
         assert "Key facts of the history the summary left out" in text
         # handed over once: the next SessionStart has nothing to add
         assert run(start(session), state) == (0, "")
@@ -88,7 +92,7 @@ class TestPostCompact:
         assert (code, out) == (0, "")
         code, out = run(start(session), tmp_path / "state")
         text = json.loads(out)["hookSpecificOutput"]["additionalContext"]
-        assert "4 of 4 facts appear" in text and "Not found" not in text
+        assert "2 of 2 facts appear" in text and "Not found" not in text
 
     def test_provenance_is_recorded_and_carried(self, tmp_path: Path) -> None:
         """Each fact is recorded with its sources; a later summary repeating it inherits them."""
@@ -113,6 +117,39 @@ class TestPostCompact:
             post(other, session, "The profile docker/seccomp-python.json exists."), state
         )
         assert "Not found anywhere" in run(start(session), state)[1]
+
+    def test_hook_context_the_compaction_agent_saw_is_evidence(self, tmp_path: Path) -> None:
+        """A linter's findings reach the model as PostToolUse hook context, which only the
+        compaction agent's transcript keeps: the summary's "(cyclomatic 10 > max 9)" rests on
+        it, and without that file the same numbers rest on nothing."""
+        path, session, summary = materialise("spotter-8463", tmp_path)
+        sources = history_sources(path, session, summary)
+        hooks = [sid for sid, _ in sources if ":agent-acompact-f46190:" in sid]
+        assert len(hooks) == 5  # five <system-reminder> entries; not the summarization prompt
+        claim = "Credo complexity (cyclomatic 10 > max 9) in `transcript_row_classes`"
+        index = FactIndex()
+        for sid, text in sources:
+            index.add(sid, text)
+        assert check(claim, index).ungrounded == ()
+        without = FactIndex()
+        for sid, text in sources:
+            if sid not in hooks:
+                without.add(sid, text)
+        assert {f.text for f in check(claim, without).ungrounded} == {"10", "9"}
+
+    def test_unreadable_compaction_agent_files_add_nothing(self, tmp_path: Path) -> None:
+        """A FIFO, a directory or a damaged line among the agent files is passed over at once
+        (less evidence: more findings, never fewer), never waited on."""
+        folder = tmp_path / "s9" / "subagents"
+        folder.mkdir(parents=True)
+        os.mkfifo(folder / "agent-acompact-fifo.jsonl")
+        (folder / "agent-acompact-dir.jsonl").mkdir()
+        reminder = {"type": "user", "message": {"content": "<system-reminder>max is 9"}}
+        (folder / "agent-acompact-ok.jsonl").write_text(
+            "{not json\n" + json.dumps(reminder) + "\n", encoding="utf-8"
+        )
+        sources = compaction_context(tmp_path / "s9.jsonl", "s9")
+        assert sources == [("claude:s9:agent-acompact-ok:2", "<system-reminder>max is 9")]
 
     def test_other_source_and_no_pending(self, tmp_path: Path) -> None:
         """SessionStart for startup/resume, or with nothing pending, adds nothing."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -33,13 +33,22 @@ from policyhook.adapters.claude_code import (
     DEFAULT_STATE_DIR,
     HookError,
     SessionState,
+    open_regular,
     read_transcript,
 )
 from policyhook.grounding import Fact, FactIndex, Grounding, check
 
-__all__ = ["DEFAULT_STATE_DIR", "postcompact", "run", "session_start"]
+__all__ = [
+    "DEFAULT_STATE_DIR",
+    "compaction_context",
+    "history_sources",
+    "postcompact",
+    "run",
+    "session_start",
+]
 
 MAX_STDIN_BYTES = 4 * 1024 * 1024
+MAX_COMPACTION_BYTES = 16 * 1024 * 1024
 #: At most this many facts of each list go into the new window's context.
 MAX_LISTED = 20
 MAX_DROPPED = 10
@@ -70,15 +79,58 @@ def _fact(record: Mapping[str, Any]) -> tuple[Fact, frozenset[str]]:
     return fact, frozenset(str(s) for s in record.get("sources", ()))
 
 
-def _history(transcript_path: Path, session: str, summary: str) -> list[tuple[str, str]]:
-    """(source id, text) of every original before the compaction that wrote `summary`."""
+def history_sources(transcript_path: Path, session: str, summary: str) -> list[tuple[str, str]]:
+    """(source id, text) of everything the summarizer of `summary` was shown: every original
+    before the compaction in the transcript, and the hook context only the compaction agent's
+    own transcript keeps (`compaction_context`)."""
     segments = read_transcript(transcript_path, session=session).segments
     wanted = summary.strip()
     end = len(segments)  # Claude Code may not have written the new boundary yet: all of it
     for i, segment in enumerate(segments):
         if segment.summary is not None and wanted and wanted in segment.summary[1]:
             end = i
-    return [(o.source_id, o.text) for s in segments[:end] for o in s.originals]
+    originals = [(o.source_id, o.text) for s in segments[:end] for o in s.originals]
+    return originals + compaction_context(transcript_path, session)
+
+
+#: The compaction agent's transcripts, beside the session's: `<session>/subagents/…`.
+_ACOMPACT_GLOB = "agent-acompact-*.jsonl"
+_REMINDER = "<system-reminder>"
+
+
+def compaction_context(transcript_path: Path, session: str) -> list[tuple[str, str]]:
+    """The hook output the compaction agent was shown (`<system-reminder>` entries: a
+    PostToolUse hook's "additional context" such as a linter's findings) as sources.
+
+    Claude Code (2.1.3x) gives hook context to the model without writing it into the session's
+    transcript; the compaction agent's own transcript (`<session>/subagents/agent-acompact-*`)
+    has it, and summaries quote it. Its summarization prompt is not taken (instructions, not
+    history). A file or line that cannot be read adds nothing: less evidence means more
+    findings, never fewer.
+    """
+    folder = transcript_path.parent / transcript_path.stem / "subagents"
+    sources: list[tuple[str, str]] = []
+    try:
+        files = sorted(folder.glob(_ACOMPACT_GLOB))
+    except OSError:
+        return sources
+    for file in files:
+        try:  # never a FIFO or a huge file: open_regular refuses both without blocking
+            with open_regular(file, "compaction transcript", MAX_COMPACTION_BYTES) as stream:
+                lines = stream.read().decode("utf-8", "replace").splitlines()
+        except (HookError, OSError):
+            continue
+        for n, line in enumerate(lines, 1):
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            message = entry.get("message") if isinstance(entry, dict) else None
+            content = message.get("content") if isinstance(message, dict) else None
+            is_user = isinstance(entry, dict) and entry.get("type") == "user"
+            if is_user and isinstance(content, str) and content.lstrip().startswith(_REMINDER):
+                sources.append((f"claude:{session}:{file.stem}:{n}", content))
+    return sources
 
 
 def postcompact(hook_input: Mapping[str, Any], state_dir: Path) -> Grounding:
@@ -95,7 +147,9 @@ def postcompact(hook_input: Mapping[str, Any], state_dir: Path) -> Grounding:
     state = SessionState(state_dir, session)
     data = state.load()
     try:
-        history = _history(Path(path).expanduser(), session, summary)
+        history = history_sources(Path(path).expanduser(), session, summary)
+        # Claude Code ends the summary with "read the full transcript at: <this path>"
+        history.append((f"claude:{session}:transcript_path", path))
         index = FactIndex()
         for source_id, text in history:
             index.add(source_id, text)
@@ -115,16 +169,16 @@ def postcompact(hook_input: Mapping[str, Any], state_dir: Path) -> Grounding:
 
 
 def _findings(result: Grounding) -> dict[str, Any]:
-    def listed(facts: Sequence[Fact], limit: int) -> list[dict[str, str]]:
-        shown = dict.fromkeys((f.kind, str(f)) for f in facts)  # once per kind and text
-        return [{"kind": kind, "text": text} for kind, text in list(shown)[:limit]]
-
-    return {
-        "summary": result.summary(),
-        "ungrounded": listed(result.ungrounded, MAX_LISTED),
-        "unverifiable": listed(result.unverifiable, MAX_LISTED),
-        "dropped": listed(result.dropped, MAX_DROPPED),
-    }
+    found: dict[str, Any] = {"summary": result.summary()}
+    for key, facts, limit in (
+        ("ungrounded", result.ungrounded, MAX_LISTED),
+        ("unverifiable", result.unverifiable, MAX_LISTED),
+        ("dropped", result.dropped, MAX_DROPPED),
+    ):
+        shown = list(dict.fromkeys((f.kind, str(f)) for f in facts))  # once per kind and text
+        found[key] = [{"kind": kind, "text": text} for kind, text in shown[:limit]]
+        found[f"{key}_distinct"] = len(shown)
+    return found
 
 
 def _context(pending: Mapping[str, Any]) -> str:
@@ -146,7 +200,7 @@ def _context(pending: Mapping[str, Any]) -> str:
     ):
         items = pending.get(key) or []
         if items:
-            total = s.get(key, len(items))
+            total = pending.get(f"{key}_distinct", s.get(key, len(items)))
             more = f" ({total - len(items)} more not listed)" if total > len(items) else ""
             lines.append(head + more)
             lines.extend(f"- {i['kind']}: {i['text']}" for i in items)
