@@ -4,9 +4,10 @@ After the probe-recall method of adk-go PR #1431: facts are planted early in a g
 conversation and asked back after every compaction. One run puts the conditions side by side:
 
     no-gate           the summarizer is called whenever budget pressure says so
-    gate              the guard decides; a refusal keeps the window as it is
+    gate              the guard decides (the default: input, and numbers on the output); a
+                      refusal keeps the window as it is
     gate+remedies     a refusal is answered with the policy's remedy (offload, pin, ...)
-    gate+grounding    granted outputs are checked fact by fact against live sources
+    gate+grounding    also every fact of a granted output, and no key fact dropped
     everything        both
 
 The summarizers model failures observed in real compactions (deterministic under a seed):

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from policyhook.adapters.claude_code import read_transcript
+from policyhook.adapters.claude_postcompact import history_sources
 from policyhook.grounding import FactIndex, check, extract
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,15 +57,37 @@ def row(name: str, samples: list[float], base: float | None = None) -> str:
     return f"| {name} | {med:,.0f} | {mean:,.0f} | {p99:,.0f} | {ratio} |"
 
 
+#: The real Claude Code sessions of tests/fixtures/grounding/ (README.md there says whence).
+SESSIONS = ("apollo-23", "apollo-32", "spotter-8463", "spotter-ae4a")
+
+
 def session(name: str) -> tuple[list[tuple[str, str]], str]:
-    """(source id, text) of the history before the boundary, and the compaction summary, read
-    with the Claude Code hook's transcript reader."""
+    """(source id, text) of everything the summarizer was shown, and the compaction summary,
+    read as `policyhook claude-postcompact` reads them (the compaction agent's own transcript
+    beside the session's, when the fixture has one)."""
+    data = gzip.decompress((FIXTURES / f"{name}.jsonl.gz").read_bytes())
+    (entry,) = [e for e in map(json.loads, data.splitlines()) if e.get("isCompactSummary")]
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / f"{name}.jsonl"
-        path.write_bytes(gzip.decompress((FIXTURES / f"{name}.jsonl.gz").read_bytes()))
-        history, compacted = read_transcript(path).segments
-    assert compacted.summary is not None
-    return [(o.source_id, o.text) for o in history.originals], compacted.summary[1]
+        path = Path(tmp) / f"{entry['sessionId']}.jsonl"
+        path.write_bytes(data)
+        for agent in FIXTURES.glob(f"{name}.agent-acompact-*.jsonl"):
+            folder = Path(tmp) / entry["sessionId"] / "subagents"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / agent.name.removeprefix(f"{name}.")).write_bytes(agent.read_bytes())
+        summary = entry["message"]["content"]
+        return history_sources(path, entry["sessionId"], summary), summary
+
+
+def mutated(summary: str, start: int, end: int) -> str:
+    """The summary with the first number of [start, end) changed (+1; a decimal's last digit
+    +3): a plausible wrong value where the summarizer wrote a right one."""
+    text = summary[start:end]
+    m = re.search(r"\d+(?:\.\d+)?", text)
+    assert m is not None
+    digits = m.group()
+    bumped = str((int(digits[-1]) + 3) % 10)
+    new = digits[:-1] + bumped if "." in digits else str(int(digits) + 1)
+    return summary[: start + m.start()] + new + summary[start + m.end() :]
 
 
 def take(history: list[tuple[str, str]], chars: int) -> list[tuple[str, str]]:
@@ -188,16 +210,27 @@ def accuracy() -> None:
     print(f"\nFaithful summaries flagged (false refusals): {false_refusals}/{len(cases)}. ")
     print(f"Precision (flagged summaries that were corrupted): {precision:.0%}.\n")
     print("## Real compaction summaries (Claude Code, tests/fixtures/grounding/)\n")
-    head = "| session | history chars | summary chars | facts | grounded | ungrounded | dropped |"
-    print(head)
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for name in ("apollo-23", "apollo-32"):
+    print(
+        "| session | history chars | summary chars | facts | grounded | ungrounded (numbers) "
+        "| dropped | changed numbers caught |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name in SESSIONS:
         history, summary = session(name)
-        s = check(summary, indexed(history)).summary()
+        idx = indexed(history)
+        g = check(summary, idx)
+        s = g.summary()
         chars = sum(len(t) for _, t in history)
+        # every grounded number changed in turn: is the changed value caught?
+        numbers = [f for f in g.grounded if f.kind == "number" and any(c.isdigit() for c in f.text)]
+        spotted = 0
+        for f in numbers:
+            wrong = check(mutated(summary, f.start, f.end), idx)
+            spotted += any(x.start == f.start for x in wrong.ungrounded)
         print(
             f"| {name} | {chars:,} | {len(summary):,} | {s['facts']} | {s['grounded']} "
-            f"| {s['ungrounded']} | {s['dropped']} of {s['key_facts']} key facts |"
+            f"| {s['ungrounded']} ({s['ungrounded_counts']['number']}) "
+            f"| {s['dropped']} of {s['key_facts']} | {spotted}/{len(numbers)} |"
         )
     print()
 

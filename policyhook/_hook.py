@@ -798,7 +798,8 @@ class Guard:
         except Exception as error:
             self._store_failed(call, "facts", error)
             carried = None  # facts only an earlier summary stated have no source: refused
-        found = grounding.check("\n".join(texts), self._facts, live, carried=carried)
+        written = "\n".join(remedies.without_pointers(t) for t in texts)
+        found = grounding.check(written, self._facts, live, carried=carried)
         call.grounding = found
         activation = {**call._activation, "summary": schema.summary(found.summary())}
         decision = policies.decide(activation, phase="output")

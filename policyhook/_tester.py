@@ -92,7 +92,9 @@ def _run_case(
     activation: Mapping[str, Any],
     expect: Mapping[str, Any],
 ) -> CaseResult:
-    decision = policies.decide(activation, explain=True)
+    # a case with a `summary` is about what the summarizer returned: output-phase policies decide
+    phase = "output" if "summary" in activation else "input"
+    decision = policies.decide(activation, explain=True, phase=phase)
     actual: dict[str, Any] = {
         "decision": decision.effect,
         "policy": decision.policy,
@@ -182,12 +184,47 @@ def _cases(file: Path) -> Iterator[tuple[int | None, str, dict[str, Any], dict[s
         if not isinstance(given, Mapping):
             raise fail(case, "input", f"{where}.input must be a mapping of activation fields")
         name = str(case.get("name") or where)
+        # `defaults.summary` fills in the cases that give a `summary` (even `summary: {}`): they
+        # are about the output; the others are decided on the input alone
+        merged = _deep_merge(defaults, given)
+        output = merged.pop("summary", None) if "summary" in given else None
+        merged.pop("summary", None)
         try:
-            activation = schema.validate(_deep_merge(defaults, given), where=f"{file}: {name}")
+            activation: dict[str, Any] = schema.validate(merged, where=f"{file}: {name}")
+            if output is not None:
+                activation["summary"] = _summary(output, where=f"{file}: {name}")
         except ValueError as exc:
             raise fail(case, "input", str(exc)) from None
         line = case.start[0] if isinstance(case, Located) else None
         yield line, name, activation, dict(expect)
+
+
+def _summary(given: Any, where: str) -> dict[str, Any]:
+    """A case's `summary` (the output-phase variable, docs/grounding.md) checked field by field:
+    every field given, each of its type, no other."""
+    if not isinstance(given, Mapping):
+        raise ValueError(f"{where}: 'summary' must be a mapping of its fields")
+    fields = {f.name: f.type for f in schema.SUMMARY}
+    problems = [f"{where}: summary.{k} is not a field" for k in sorted(set(given) - set(fields))]
+    for name, kind in fields.items():
+        value = given.get(name)
+        if name not in given:
+            problems.append(f"{where}: summary.{name} ({kind}) is missing")
+        elif not _of_type(value, kind):
+            problems.append(f"{where}: summary.{name} must be {kind}, got {value!r}")
+    if problems:
+        raise ValueError("\n".join(problems))
+    return {k: float(v) if fields[k] == "double" else v for k, v in given.items()}
+
+
+def _of_type(value: Any, kind: str) -> bool:
+    if isinstance(value, bool):
+        return False
+    if kind == "int":
+        return isinstance(value, int)
+    if kind == "double":
+        return isinstance(value, (int, float))
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)  # list(string)
 
 
 # -- reporters ----------------------------------------------------------------------------------

@@ -24,19 +24,22 @@ import json
 import re
 import threading
 from collections import Counter
-from collections.abc import Collection, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 __all__ = [
     "KINDS",
+    "CheckerUnavailable",
     "Fact",
     "FactIndex",
     "Grounding",
+    "Judge",
     "check",
     "cite",
     "extract",
+    "nli_judge",
 ]
 
 #: Every kind of fact the extractor reports, in the order policies see them.
@@ -51,6 +54,7 @@ KINDS = (
     "uuid",
     "ticket",
     "quote",
+    "claim",  # a sentence an optional heavier checker (`judge=`) found no source to support
 )
 
 #: Content words taken as a number's context: this many before it and this many after it, never
@@ -680,9 +684,11 @@ _LABELS = frozenset(
         "example",
         "round",
         "task",
+        "summary",
+        "pass",
+        "level",
     ]
 )
-_LABEL_RE = re.compile(r"(?:([A-Za-z]+)|(§))[\s*_(]*$")
 
 
 def _is_reference(before: str) -> bool:
@@ -692,11 +698,21 @@ def _is_reference(before: str) -> bool:
 
 def _reference_label(before: str) -> int:
     """Where the label noun (or `§`) that `before` ends with starts; -1 if it ends with none."""
-    tail = before[-24:]
-    m = _LABEL_RE.search(tail)
-    if m is None or (m.group(2) is None and _stem(m.group(1)) not in _LABELS):
+    tail = before.rstrip(" \t*_(#")
+    end = len(tail)
+    if end and tail[-1] == "§":
+        return end - 1
+    i = end
+    while i and tail[i - 1].isascii() and tail[i - 1].isalpha():
+        i -= 1
+    if i == end or (i and tail[i - 1].isalnum()) or not _is_label(tail[i:end]):
         return -1
-    return len(before) - len(tail) + m.start()
+    return i
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_label(word: str) -> bool:
+    return _stem(word) in _LABELS
 
 
 def _numbers(text: str, numbers: list[_Number]) -> Iterator[Fact]:
@@ -711,8 +727,9 @@ def _numbers(text: str, numbers: list[_Number]) -> Iterator[Fact]:
         segment = text[lo:start]
         gap = text[prev_end:start]
         # `items 10.1-10.4`, `lines 1-200, then 200-700`: a range shares the reference
-        reference = (
-            section or (prev_ref and len(gap) <= 8 and not _context(gap)) or _is_reference(segment)
+        reference = section or (
+            value == bare  # `step 5s` measures
+            and ((prev_ref and len(gap) <= 8 and not _context(gap)) or _is_reference(segment))
         )
         cut = _last_break(segment)
         if i and lo == prev_end:
@@ -1140,6 +1157,12 @@ class Grounding:
         return ", ".join(parts) or "every fact grounded"
 
 
+#: An optional heavier checker: how strongly `premise` (a passage of a source) supports
+#: `hypothesis` (a sentence of the summary), from 0 to 1. An NLI or factual-consistency model
+#: (`nli_judge`), or any callable.
+Judge = Callable[[str, str], float]
+
+
 def check(
     output: str,
     index: FactIndex,
@@ -1147,6 +1170,8 @@ def check(
     *,
     carried: FactIndex | None = None,
     pinned: Iterable[str] = (),
+    judge: Judge | None = None,
+    threshold: float = 0.5,
 ) -> Grounding:
     """Map every fact of `output` to the live sources of `index` that state it.
 
@@ -1154,13 +1179,117 @@ def check(
     `carried`: the recorded provenance of the summaries in the input; a fact of the output that
     only an earlier summary stated inherits that summary's sources for it.
     `pinned`: texts whose facts the output must keep (reported as dropped when it does not).
+    `judge`: an optional heavier checker run behind the deterministic one: each sentence of the
+    output is put to it against the passages of the live sources that share its words, and a
+    sentence no passage supports to `threshold` is reported as an ungrounded `claim`. It only
+    adds findings: nothing the deterministic check refuses is let through by a model.
     """
     if not isinstance(output, str):
         msg = f"output must be str, got {type(output).__name__}"
         raise TypeError(msg)
     facts = extract(output)
     with index._lock:
-        return _check(facts, index, live, carried, pinned)
+        found = _check(facts, index, live, carried, pinned)
+        if judge is None:
+            return found
+        claims = tuple(_unsupported(output, index, live, judge, threshold))
+    if not claims:
+        return found
+    return replace(
+        found,
+        facts=tuple(sorted((*found.facts, *claims), key=lambda f: f.start)),
+        ungrounded=found.ungrounded + claims,
+    )
+
+
+_SENTENCE_RE = re.compile(r"[^.!?\n]+(?:[.!?]+|$)", re.MULTILINE)
+#: Passages put to a judge: at most this many per sentence, this many characters each.
+_PASSAGES = 3
+_PASSAGE_CHARS = 600
+
+
+def _unsupported(
+    output: str, index: FactIndex, live: Collection[str] | None, judge: Judge, threshold: float
+) -> Iterator[Fact]:
+    """The sentences of `output` no live passage supports, as `claim` facts."""
+    live_ids = index._texts if live is None else set(live) & index._texts
+    for m in _SENTENCE_RE.finditer(output):
+        sentence = m.group().strip()
+        words = [w for w in _WORDS_RE.findall(sentence.lower()) if w not in _STOP and len(w) > 2]
+        if len(words) < 3:
+            continue  # a heading or a fragment: nothing to judge
+        shared = Counter(
+            s for w in set(words) for s in index._keys.get("w" + w, ()) if s in live_ids
+        )
+        best = 0.0
+        for sid, _ in shared.most_common(_PASSAGES):
+            best = max(best, float(judge(_passage(index._norm[sid], words), sentence)))
+            if best >= threshold:
+                break
+        if best < threshold:
+            start = m.start() + m.group().find(sentence)
+            value = " ".join(_WORDS_RE.findall(sentence.lower()))
+            yield Fact("claim", value, text=sentence, start=start, end=start + len(sentence))
+
+
+def _passage(norm: str, words: list[str]) -> str:
+    """The part of a source (its words, lowercased) around the first of `words` it has."""
+    at = min((i for i in (norm.find(" " + w + " ") for w in words) if i >= 0), default=0)
+    lo = max(0, at - _PASSAGE_CHARS // 3)
+    return norm[lo : lo + _PASSAGE_CHARS].strip()
+
+
+class CheckerUnavailable(RuntimeError):
+    """The optional heavier checker cannot run here: its extra or its model is missing."""
+
+
+def nli_judge(
+    model: str = "cross-encoder/nli-deberta-v3-xsmall", *, local_files_only: bool = True
+) -> Judge:
+    """A `Judge` from a Hugging Face NLI model (the `nli` extra: `pip install 'policyhook[nli]'`):
+    the probability that the passage entails the sentence.
+
+    The model is loaded from the local cache only (`local_files_only=True`): policyhook never
+    downloads weights while it guards a call. Fetch them once beforehand (`huggingface-cli
+    download <model>`). CheckerUnavailable, saying which, when the extra is not installed or the
+    model is not in the cache.
+    """
+    try:
+        import torch  # type: ignore[import-not-found, unused-ignore]
+        import transformers  # type: ignore[import-not-found, unused-ignore]
+    except ImportError as exc:
+        msg = (
+            f"the NLI checker needs the nli extra ({exc.name} is not installed): "
+            "pip install 'policyhook[nli]'"
+        )
+        raise CheckerUnavailable(msg) from None
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(
+            model, local_files_only=local_files_only
+        )
+        network = transformers.AutoModelForSequenceClassification.from_pretrained(
+            model, local_files_only=local_files_only
+        )
+    except (OSError, ValueError) as exc:
+        msg = (
+            f"NLI model {model!r} is not available offline ({exc}); download it once with "
+            f"`huggingface-cli download {model}`, or pass local_files_only=False"
+        )
+        raise CheckerUnavailable(msg) from None
+    labels = {str(k).lower(): int(v) for k, v in network.config.label2id.items()}
+    if "entailment" not in labels:
+        msg = f"NLI model {model!r} has no entailment label: {sorted(labels)}"
+        raise CheckerUnavailable(msg)
+    entail = labels["entailment"]
+    network.eval()
+
+    def judge(premise: str, hypothesis: str) -> float:
+        batch = tokenizer(premise, hypothesis, truncation=True, return_tensors="pt")
+        with torch.no_grad():
+            logits = network(**batch).logits[0]
+        return float(torch.softmax(logits, dim=-1)[entail])
+
+    return judge
 
 
 def _check(

@@ -116,6 +116,13 @@ def pointers(text: str) -> list[str]:
     return _POINTER_RE.findall(text)
 
 
+def without_pointers(text: str) -> str:
+    """`text` with its remedy pointers blanked out (same length, so positions in it hold): what
+    a summarizer wrote, for checking its facts. A pointer and its pinned facts are carried
+    verbatim, never the summarizer's claim."""
+    return _BLOCK_RE.sub(lambda m: " " * len(m.group()), text)
+
+
 def carried(inputs: Iterable[str], output: str) -> str:
     """`output` with every pointer of `inputs` it lost appended verbatim.
 

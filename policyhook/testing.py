@@ -15,12 +15,22 @@ from policyhook._tester import run_tests as run_tests
 
 
 @contextmanager
-def capture_decisions(guard: Guard) -> Iterator[list[tuple[Decision, Mapping[str, Any]]]]:
-    """Collect (decision, activation) for every decision `guard` makes inside the block."""
+def capture_decisions(
+    guard: Guard, *, phase: str | None = None
+) -> Iterator[list[tuple[Decision, Mapping[str, Any]]]]:
+    """Collect (decision, activation) for every decision `guard` makes inside the block.
+
+    A granted call is decided twice when the policies check outputs (the default does): on its
+    input, then on its output (the activation has `summary`). `phase="input"` or `"output"`
+    keeps only those; None keeps both, in order.
+    """
+    if phase not in (None, "input", "output"):
+        raise ValueError(f'phase must be "input", "output" or None: {phase!r}')
     seen: list[tuple[Decision, Mapping[str, Any]]] = []
 
     def listen(decision: Decision, activation: Mapping[str, Any]) -> None:
-        seen.append((decision, activation))
+        if phase is None or ("summary" in activation) == (phase == "output"):
+            seen.append((decision, activation))
 
     guard.add_listener(listen)
     try:

@@ -42,9 +42,7 @@ def _serve(number: int, inbox: Any, outbox: Any) -> None:
     def compact(messages: list[str]) -> str:
         if said:
             return said.pop()
-        return f"Summary by worker {number} of {len(messages)} messages: " + " | ".join(
-            m[:40] for m in messages
-        )
+        return f"Summary by worker w{number}: " + " | ".join(m[:40] for m in messages)
 
     while (command := inbox.get()) is not None:
         name, *args = command

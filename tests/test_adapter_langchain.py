@@ -31,7 +31,7 @@ from policyhook._loader import compile_sources
 from policyhook.adapters.langchain import GuardedSummarizationMiddleware
 from policyhook.testing import capture_decisions
 
-SUMMARIES = ["SUMMARY ONE: retry ceiling is 7 (config)", "SUMMARY TWO: retries are capped"]
+SUMMARIES = ["SUMMARY ONE: retry ceiling (config)", "SUMMARY TWO: retries are capped"]
 PREFIX = "Here is a summary of the conversation to date:\n\n"
 
 
@@ -80,7 +80,7 @@ class TestGuardedSummarizationMiddleware:
         """Summarizing originals is allowed; the summary is recognised later as a depth-1 summary."""
         guard = Guard()
         agent, config = _agent(guard)
-        with capture_decisions(guard) as seen:
+        with capture_decisions(guard, phase="input") as seen:
             messages = _first_pass(agent, config)
         assert [d.effect for d, _ in seen] == ["allow"]
         assert seen[0][1]["region"]["depth"] == 0
@@ -105,7 +105,7 @@ class TestGuardedSummarizationMiddleware:
         guard = Guard()
         agent, config = _agent(guard)
         _first_pass(agent, config)
-        with capture_decisions(guard) as seen:
+        with capture_decisions(guard, phase="input") as seen:
             messages = _ask(agent, config, "q4", "q5")
         assert [(d.effect, a["region"]["depth"]) for d, a in seen] == [("allow", 1)]
         assert messages[0].content == PREFIX + SUMMARIES[1]
@@ -118,7 +118,7 @@ class TestGuardedSummarizationMiddleware:
         before = _first_pass(agent, config)
         for source, _ in guard.store.sources(100):
             guard.store.evict(source.id)
-        with capture_decisions(guard) as seen:
+        with capture_decisions(guard, phase="input") as seen:
             after = _ask(agent, config, "q4", "q5")
         decision, activation = seen[-1]
         assert decision.effect == "deny"
@@ -127,7 +127,7 @@ class TestGuardedSummarizationMiddleware:
         assert [m.id for m in after[: len(before)]] == [m.id for m in before]
         assert [m.content for m in after[len(before) :]] == ["q4", "answer 4", "q5", "answer 5"]
         assert not any(SUMMARIES[1] in str(m.content) for m in after)
-        with capture_decisions(guard) as later:
+        with capture_decisions(guard, phase="input") as later:
             _ask(agent, config, "q6", "q7", "q8")
         assert later == []
 
@@ -158,7 +158,7 @@ class TestGuardedSummarizationMiddleware:
         _first_pass(agent, config)
         for source, _ in guard.store.sources(100):
             guard.store.evict(source.id)
-        with capture_decisions(guard) as seen:
+        with capture_decisions(guard, phase="input") as seen:
             messages = _ask(agent, config, "q4", "q5")
         assert [d.effect for d, _ in seen] == ["would_deny"]
         assert messages[0].content == PREFIX + SUMMARIES[1]
@@ -188,7 +188,7 @@ class TestGuardedSummarizationMiddleware:
                 out = await agent.ainvoke({"messages": [HumanMessage(question)]}, config)
             return list(out["messages"])
 
-        with capture_decisions(guard) as seen:
+        with capture_decisions(guard, phase="input") as seen:
             after = asyncio.run(ask())
         assert seen[-1][0].effect == "deny"
         assert [m.id for m in after[: len(before)]] == [m.id for m in before]
@@ -213,7 +213,7 @@ class TestGuardedSummarizationMiddleware:
                 HumanMessage("thanks", id="h2"),
             ]
         }
-        with capture_decisions(guard) as seen:
+        with capture_decisions(guard, phase="input") as seen:
             update = middleware.before_model(state, Runtime())
         assert update is None
         decision = seen[0][0]
@@ -250,7 +250,7 @@ class TestRemedies:
     ) -> None:
         """The refused summary and its neighbours are archived losslessly; a pointer replaces them."""
         guard = Guard()
-        with capture_decisions(guard) as seen:
+        with capture_decisions(guard, phase="input") as seen:
             before, after = self._refused_pass(guard, asynchronous)
         assert [d.effect for d, _ in seen][-1] == "deny"
         pointer = str(after[0].content)
@@ -280,7 +280,7 @@ class TestRemedies:
         for source, _ in guard.store.sources(100):
             guard.store.evict(source.id)
         _ask(agent, config, "q4", "q5")
-        with capture_decisions(guard) as seen:
+        with capture_decisions(guard, phase="input") as seen:
             _ask(agent, config, "q6", "q7", "q8")
         assert [(d.effect, a["region"]["depth"]) for d, a in seen] == [("allow", 0)]
 
@@ -294,3 +294,27 @@ def test_import_policyhook_does_not_import_langchain() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_confabulated_number_is_answered_by_the_remedy() -> None:
+    """The default refuses a summary stating a number no message states, on its output; the
+    middleware's remedy (pin, the default's) puts a pointer to the archived messages in its
+    place, and the agent goes on."""
+    guard = Guard()
+    model = ToolCallingFake(messages=iter([AIMessage(f"answer {i}") for i in range(50)]))
+    middleware = GuardedSummarizationMiddleware(
+        FakeListChatModel(responses=["SUMMARY: retries capped at 5"]),
+        guard=guard,
+        trigger=("messages", 6),
+        keep=("messages", 2),
+    )
+    agent = create_agent(
+        model=model, tools=[], middleware=[middleware], checkpointer=InMemorySaver()
+    )
+    config = {"configurable": {"thread_id": "thread-1"}}
+    with capture_decisions(guard) as seen:
+        after = _first_pass(agent, config)
+    assert [(d.effect, d.rule) for d, _ in seen][-1] == ("deny", "grounded-numbers")
+    pointer = str(after[0].content)
+    assert pointer.startswith(PREFIX + "[policyhook offload offload:")
+    assert "capped at 5" not in pointer

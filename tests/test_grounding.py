@@ -4,14 +4,27 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
+import sys
 import threading
+import types
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 from policyhook.adapters.claude_postcompact import history_sources
-from policyhook.grounding import KINDS, Fact, FactIndex, Grounding, check, cite, extract
+from policyhook.grounding import (
+    KINDS,
+    CheckerUnavailable,
+    Fact,
+    FactIndex,
+    Grounding,
+    check,
+    cite,
+    extract,
+    nli_judge,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "grounding"
 CORRUPTIONS = ("changed", "unit", "id", "invented", "dropped")
@@ -209,12 +222,13 @@ class TestExtract:
         assert isinstance(extract(text), tuple)
 
     def test_kinds_are_the_documented_ones(self) -> None:
-        """Every fact's kind is one of KINDS (what policies see in `summary.kinds`)."""
+        """Every fact's kind is one of KINDS (what policies see in `summary.kinds`); `claim`
+        comes only from a heavier checker (TestHeavierChecker)."""
         text = (
             'retry_ceiling: 7, see https://x.io, v1.2.3 on 2025-01-02, 3e9f358 #12 "a b c" '
             "/etc/hosts bf5915c6-75c2-4612-ab44-c094d5efe7ed"
         )
-        assert {f.kind for f in extract(text)} == set(KINDS)
+        assert {f.kind for f in extract(text)} == set(KINDS) - {"claim"}
 
 
 class TestCheck:
@@ -511,3 +525,74 @@ class TestRealSummaries:
         s = check(summary, idx).summary()
         assert s["facts"] > 120 and s["grounded_ratio"] > 0.9
         assert s["ungrounded_counts"]["identifier"] == 0 and s["ungrounded_counts"]["url"] == 0
+
+
+def overlap(premise: str, hypothesis: str) -> float:
+    """A real, small judge: the share of the sentence's words the passage has."""
+    words = [w for w in hypothesis.lower().replace(".", " ").split() if len(w) > 2]
+    return sum(f" {w} " in f" {premise} " for w in words) / max(1, len(words))
+
+
+class TestHeavierChecker:
+    """`check(judge=...)`: an NLI or factual-consistency model behind the same check."""
+
+    SOURCES: ClassVar[dict[str, str]] = {
+        "cfg": "retry_ceiling: 7\nbackoff_seconds: 2\n",
+        "turn": "The deploy step keeps timing out against the staging cluster.",
+    }
+
+    def test_unsupported_sentences_become_ungrounded_claims(self) -> None:
+        summary = (
+            "The deploy step keeps timing out against staging. "
+            "The database migration finished without errors."
+        )
+        g = check(summary, index(**self.SOURCES), judge=overlap)
+        (claim,) = g.ungrounded
+        assert claim.kind == "claim" and claim.text.startswith("The database migration")
+        assert g.summary()["ungrounded_kinds"] == ["claim"]
+        assert check(summary, index(**self.SOURCES)).ungrounded == ()  # without it: nothing
+
+    def test_a_judge_only_adds_findings(self) -> None:
+        """A judge that supports everything cannot ground a number no source states."""
+        g = check("Retries are capped at 5.", index(**self.SOURCES), judge=lambda p, h: 1.0)
+        assert [(f.kind, f.value) for f in g.ungrounded] == [("number", "5")]
+
+    def test_judge_sees_live_passages_only(self) -> None:
+        """A sentence only a dead source supports is a claim: the judge never sees the dead."""
+        seen: list[str] = []
+
+        def judge(premise: str, hypothesis: str) -> float:
+            seen.append(premise)
+            return overlap(premise, hypothesis)
+
+        summary = "The deploy step keeps timing out against staging."
+        g = check(summary, index(**self.SOURCES), live={"cfg"}, judge=judge)
+        assert [f.kind for f in g.ungrounded] == ["claim"]
+        assert all("staging" not in p for p in seen)
+
+    def test_without_the_extra_the_error_names_it(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """No transformers (this test environment): a clear error naming the extra."""
+        monkeypatch.setitem(sys.modules, "transformers", None)
+        with pytest.raises(CheckerUnavailable, match=re.escape("pip install 'policyhook[nli]'")):
+            nli_judge()
+
+    def test_a_model_not_in_the_cache_is_a_clear_error(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The model is looked up offline only; missing weights say how to fetch them once."""
+        calls: list[dict[str, Any]] = []
+
+        def from_pretrained(name: str, **options: Any) -> Any:
+            calls.append({"name": name, **options})
+            raise OSError(f"We couldn't connect to 'https://huggingface.co' to load {name}")
+
+        fake = types.ModuleType("transformers")
+        loader = types.SimpleNamespace(from_pretrained=from_pretrained)
+        fake.AutoTokenizer = loader  # type: ignore[attr-defined]
+        fake.AutoModelForSequenceClassification = loader  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "transformers", fake)
+        monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+        with pytest.raises(CheckerUnavailable, match="is not available offline") as info:
+            nli_judge("some/nli-model")
+        assert "huggingface-cli download some/nli-model" in str(info.value)
+        assert calls == [{"name": "some/nli-model", "local_files_only": True}]

@@ -69,12 +69,12 @@ class TestPostCompact:
         code, out = run(post(path, session, summary), state)
         assert code == 0
         message = json.loads(out)["systemMessage"]
-        assert message.startswith("policyhook: 7 of 157 facts of the compaction summary")
+        assert message.startswith("policyhook: 7 of 158 facts of the compaction summary")
         code, out = run(start(session), state)
         context = json.loads(out)["hookSpecificOutput"]
         assert context["hookEventName"] == "SessionStart"
         text = context["additionalContext"]
-        assert "150 of 157 facts appear in the history" in text
+        assert "151 of 158 facts appear in the history" in text
         assert "- number: Mitigation_plan md 1443" in text  # finding A of docs/grounding.md
         assert "- number: launched 2" in text  # C
         # 7 ungrounded, 6 distinct ("Infrastructure Foundation 9" twice): all listed

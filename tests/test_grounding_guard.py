@@ -11,8 +11,8 @@ import pytest
 
 from policyhook import Guard, PolicyError, UnsafeRecompactionError, request
 from policyhook._demo import CONFIG, TURNS
-from policyhook._loader import compile_sources, load, load_default
-from policyhook.testing import capture_decisions
+from policyhook._loader import compile_sources, load_default
+from policyhook.testing import PolicyTestError, capture_decisions, run_tests
 
 OUTPUT_POLICY = """
 apiVersion: policyhook.dev/v1
@@ -29,15 +29,12 @@ spec:
 """
 
 
-GROUNDED = Path(__file__).resolve().parent.parent / "policies" / "grounded"
-
-
 def policies(*docs: str) -> object:
     return compile_sources([(f"p{i}.yaml", d) for i, d in enumerate(docs)])
 
 
 def seed_guard(**options: object) -> Guard:
-    guard = Guard(load(GROUNDED), **options)  # type: ignore[arg-type]
+    guard = Guard(**options)  # type: ignore[arg-type]  # the embedded default
     guard.record_source(CONFIG, kind="config_read", source_id="cfg-retry-ceiling")
     for turn in TURNS:
         guard.record_source(turn, kind="user_turn")
@@ -53,7 +50,7 @@ def summarizer(*claims: str) -> Callable[[list[str]], str]:
     return summarize
 
 
-class TestGroundedSet:
+class TestDefaultOutputCheck:
     def test_seed_confabulation_refused_with_every_source_live(self) -> None:
         """The seed's pass 3 ("retries capped at 5") is refused on its output, though nothing
         was evicted: the input guard allows it, the output phase does not."""
@@ -99,7 +96,7 @@ class TestGroundedSet:
 
     def test_unregistered_input_content_is_evidence(self) -> None:
         """Text the input carries that no store holds still grounds the summary of it."""
-        guard = Guard(load(GROUNDED))
+        guard = Guard()
         with guard.guarding(["build took 95s on runner-7"], summarizer="s") as call:
             assert call.record("The build took 95s on runner-7.").startswith("The build")
         with (
@@ -197,21 +194,124 @@ class TestOutputPolicies:
         ):
             policies(doc.replace("phase: output", "phase: after"))
 
-    def test_grounded_set_is_the_default_plus_the_output_check(self) -> None:
-        """policies/grounded/ is the embedded default and `grounded-numbers` on the output;
-        the embedded default itself does not look at outputs (docs/grounding.md says why)."""
-        grounded = load(GROUNDED)
-        assert {p.name: p.phase for p in grounded.policies} == {
+    def test_the_default_checks_outputs(self) -> None:
+        """The embedded default is the input policy and `grounded-numbers` on the output, with
+        pin as its way forward; every shipped copy of the default is that file."""
+        default = load_default()
+        assert default.checks_output
+        assert {p.name: p.phase for p in default.policies} == {
             "default": "input",
             "grounded-numbers": "output",
         }
-        default = load_default()
-        assert not default.checks_output
-        text = (GROUNDED / "grounded.yaml").read_text(encoding="utf-8")
-        assert text.startswith(load_default_text() + "---\n")  # the default, unchanged
+        assert "remedy: pin" in load_default_text().split("---\n")[-1]
+
+
+class TestWayForward:
+    """A refusal on the output never strands the agent: with remedies on, the default's pin
+    archives the input and hands back a pointer with the exact facts of its live sources, on
+    every adapter path (the LangChain and langmem ones: tests/test_adapter_*.py)."""
+
+    def test_decorator_with_remedy_returns_a_pointer_with_the_exact_facts(self) -> None:
+        guard = seed_guard()
+        summarize = guard(summarizer("retries capped at 5"), summarizer="s", remedy=True)
+        with request(window="w"):
+            out = summarize([CONFIG, TURNS[0]])
+        assert out.startswith("[policyhook offload offload:")
+        assert "retry_ceiling: 7 [cfg-retry-ceiling]" in out  # the source's fact, verbatim
+        assert "capped at 5" not in out
+        (ref,) = re.findall(r"offload:[0-9a-f]+", out)[:1]
+        assert guard.retrieve(ref) == [CONFIG, TURNS[0]]  # the input, back exactly
+
+    def test_guard_remedy_after_the_seam_refuses(self) -> None:
+        """`guard.guarding` raises; `guard.remedy(refusal, input)` gives the way forward."""
+        guard = seed_guard()
+        window = [CONFIG, TURNS[0]]
+        with (
+            request(window="w"),
+            pytest.raises(UnsafeRecompactionError) as info,
+            guard.guarding(window, summarizer="s") as call,
+        ):
+            call.record("retries capped at 5")
+        remedied = guard.remedy(info.value, window, summarizer="s")
+        assert remedied.remedy == "pin" and remedied.ref is not None
+        assert any(p.value == "7" for p in remedied.pinned)
 
 
 def load_default_text() -> str:
     from importlib import resources
 
     return resources.files("policyhook").joinpath("default_policy.yaml").read_text("utf-8")
+
+
+class TestPolicyTestFiles:
+    """`policyhook test`: a case that gives a `summary` is decided by output-phase policies."""
+
+    HEAD = (
+        "apiVersion: policyhook.dev/v1\nkind: PolicyTest\nmetadata: {name: t}\n"
+        "defaults:\n"
+        "  region: {id: r1, kind: original, depth: 0, sources: [cfg], live_sources: [cfg],\n"
+        "           dead_sources: [], source_kinds: [config_read], tokens: 10, chars: 40}\n"
+        "  request: {trigger: automatic, budget_pressure: 0.9, attempt: 1}\n"
+        "  window: {id: w1, tokens: 900, budget: 1000, max_depth: 0}\n"
+        "  summarizer: {name: s, lossless: false, idempotent: false}\n"
+        "  summary: {facts: 1, grounded: 1, ungrounded: 0, unverifiable: 0, dropped: 0,\n"
+        "            key_facts: 0, kinds: [number], ungrounded_kinds: [],\n"
+        "            unverifiable_kinds: [], dropped_kinds: [], grounded_ratio: 1.0,\n"
+        "            ungrounded_ratio: 0.0, dropped_ratio: 0.0}\n"
+        "cases:\n"
+    )
+
+    def folder(self, tmp_path: Path, cases: str) -> Path:
+        (tmp_path / "default.yaml").write_text(load_default_text(), encoding="utf-8")
+        (tmp_path / "t_test.yaml").write_text(self.HEAD + cases, encoding="utf-8")
+        return tmp_path
+
+    def test_output_cases_get_the_output_decision(self, tmp_path: Path) -> None:
+        """The input alone allows; with an ungrounded number in `summary` the output phase
+        refuses, and a case expecting otherwise fails with both decisions shown."""
+        cases = (
+            "  - name: input only\n    input: {}\n    expect: {decision: allow, policy: default}\n"
+            "  - name: wrong on purpose\n"
+            "    input: {summary: {grounded: 0, ungrounded: 1, ungrounded_kinds: [number]}}\n"
+            "    expect: {decision: allow}\n"
+            "  - name: right\n"
+            "    input: {summary: {grounded: 0, ungrounded: 1, ungrounded_kinds: [number]}}\n"
+            "    expect: {decision: deny, policy: grounded-numbers, rule: grounded-numbers}\n"
+        )
+        results = run_tests(self.folder(tmp_path, cases))
+        assert [(r.name, r.passed) for r in results] == [
+            ("input only", True),
+            ("wrong on purpose", False),
+            ("right", True),
+        ]
+        assert results[1].actual["rule"] == "grounded-numbers"
+
+    @pytest.mark.parametrize(
+        ("summary", "message"),
+        [
+            ("{facts: many}", "summary.facts must be int, got 'many'"),
+            ("{fact: 1}", "summary.fact is not a field"),
+            ("{ungrounded_kinds: number}", "summary.ungrounded_kinds must be list(string)"),
+            ("[1]", "'summary' must be a mapping of its fields"),
+        ],
+    )
+    def test_bad_summary_names_file_line_and_field(
+        self, tmp_path: Path, summary: str, message: str
+    ) -> None:
+        cases = (
+            f"  - name: bad\n    input: {{summary: {summary}}}\n    expect: {{decision: allow}}\n"
+        )
+        with pytest.raises(PolicyTestError, match=re.escape(message)) as info:
+            run_tests(self.folder(tmp_path, cases))
+        assert "t_test.yaml:" in str(info.value)
+
+    def test_missing_summary_fields_are_errors_without_defaults(self, tmp_path: Path) -> None:
+        """As for every activation field: a field the case never chose is not made up."""
+        head = self.HEAD.split("  summary:")[0] + "cases:\n"
+        (tmp_path / "default.yaml").write_text(load_default_text(), encoding="utf-8")
+        (tmp_path / "t_test.yaml").write_text(
+            head + "  - name: c\n    input: {summary: {facts: 1}}\n    expect: {decision: allow}\n",
+            encoding="utf-8",
+        )
+        with pytest.raises(PolicyTestError, match=re.escape("summary.grounded (int) is missing")):
+            run_tests(tmp_path)

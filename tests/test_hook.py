@@ -92,10 +92,10 @@ class TestWrapping:
 
         class Summarizer:
             def __call__(self, text: str) -> str:
-                return f"a summary of {len(text)} characters"
+                return f"a summary of {text[:8]!r}"
 
         def summarize(text: str, style: str) -> str:
-            return f"a {style} summary of {len(text)} characters"
+            return f"a {style} summary of {text[:8]!r}"
 
         cases: list[tuple[Callable[[str], str], str]] = [
             (
@@ -186,7 +186,7 @@ class TestWrapping:
         summarize = guard(
             lambda t: "a summary, long enough to track", summarizer="s", trigger="manual"
         )
-        with capture_decisions(guard) as seen:
+        with capture_decisions(guard, phase="input") as seen:
             summarize("original text one")
             with policyhook.request(trigger="automatic", budget_pressure=0.8, window="w1"):
                 summarize("original text two")
@@ -201,7 +201,7 @@ class TestWrapping:
         guard = Guard()
         manual = guard(lambda t: "manual summary, long enough", summarizer="m", trigger="manual")
         auto = guard(lambda t: "automatic summary, long enough", summarizer="a")
-        with capture_decisions(guard) as seen:
+        with capture_decisions(guard, phase="input") as seen:
             for _ in range(2):
                 manual("original text one")
                 auto("original text two")
@@ -407,7 +407,7 @@ class TestGuardingSeam:
     def test_the_request_comes_from_the_argument_or_the_context(self) -> None:
         """`request=` wins; without it the enclosing `policyhook.request(...)` is used."""
         guard = Guard()
-        with capture_decisions(guard) as seen, policyhook.request(window="w-ctx"):
+        with capture_decisions(guard, phase="input") as seen, policyhook.request(window="w-ctx"):
             assert policyhook.current_request().window == "w-ctx"
             with guard.guarding("turn one", summarizer="s") as call:
                 call.record("summary one of the first turn")

@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from policyhook import load
 from policyhook.cli import POLICY_SETS
+from policyhook.cli import main as cli_main
+from policyhook.testing import run_tests
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "policyhook" / "policy_sets"
@@ -54,3 +57,27 @@ def test_shipped_set_is_the_repository_folder(name: str) -> None:
         assert shipped.read_bytes() == (here / file).read_bytes(), (
             f"copy {here / file} to {shipped}"
         )
+
+
+def test_every_set_init_writes_checks_outputs() -> None:
+    """The grounded set is gone: the default covers it. Every set `policyhook init` writes
+    refuses ungrounded numbers on the output, with pin as the way forward; no separate
+    `grounded` folder remains to be offered."""
+    assert not (ROOT / "policies" / "grounded").exists()
+    assert "grounded" not in POLICY_SETS
+    for name in POLICY_SETS:
+        policies = load(SHIPPED / name)
+        outputs = [p for p in policies.policies if p.phase == "output"]
+        assert outputs, name
+        text = "".join(p.read_text("utf-8") for p in sorted((SHIPPED / name).glob("*.yaml")))
+        assert "number" in text and "summary.ungrounded_kinds" in text and "remedy: pin" in text
+
+
+def test_init_writes_the_grounded_default(tmp_path: Path) -> None:
+    """`policyhook init` (the default set) writes the embedded default, output check included;
+    its test cases, output-phase ones among them, pass as written."""
+    assert cli_main(["init", str(tmp_path / "p")]) == 0
+    assert (tmp_path / "p" / "default.yaml").read_bytes() == DEFAULT.read_bytes()
+    results = run_tests(tmp_path / "p")
+    assert all(r.passed for r in results)
+    assert any(r.expected.get("policy") == "grounded-numbers" for r in results)

@@ -33,7 +33,7 @@ SOURCES = {
 #: Summary text -> whether its source is evicted. Quotes, newlines and non-ASCII on purpose.
 SUMMARIES = {
     'Summary: the retry "ceiling" is seven — billing config ✓': False,
-    "Summary: deploys run\nbetween two and four at night (UTC)": True,
+    "Summary: deploys run\nin the window 02:00-04:00 UTC": True,
 }
 #: Registered texts (ai_turn) quoting a summary: they carry its provenance (issue 10 item 5).
 QUOTING = {f"Assistant: as summarized, {text}": dead for text, dead in SUMMARIES.items()}

@@ -140,7 +140,7 @@ class TestStoreFaults:
         summarize = seen.guard(constant, summarizer="s")
         store.failing = True
         with caplog.at_level(logging.WARNING, logger="policyhook"):
-            assert summarize("an original turn nobody registered") == SUMMARY
+            assert summarize(f"an original turn nobody registered: {CONFIG}") == SUMMARY
         assert f"store {operation} failed" in caplog.text
         assert "an original turn" not in caplog.text  # no region text in the log
         span = seen.guard_span()
@@ -162,7 +162,7 @@ class TestStoreFaults:
         other.execute("BEGIN IMMEDIATE")  # holds the write lock
         try:
             started = time.monotonic()
-            assert summarize("an original turn") == SUMMARY
+            assert summarize(CONFIG) == SUMMARY
             waited = time.monotonic() - started
         finally:
             other.execute("ROLLBACK")

@@ -369,7 +369,7 @@ class TestSummarizerOutputs:
     def test_sdk_outputs_are_recorded_as_summaries(self, make: Callable[[], Any]) -> None:
         """A summarizer returning an SDK object has its text recorded: it comes back as depth 1."""
         guard = Guard(store=MemoryStore())
-        output = guard(lambda text: make(), summarizer="s")("original text to summarize")
+        output = guard(lambda text: make(), summarizer="s")("billing config: retry ceiling 7")
         assert decide(guard, f"later: {SUMMARY}")[1]["depth"] == 1
         assert output is not None
 

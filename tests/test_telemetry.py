@@ -160,7 +160,7 @@ def telemetry(monkeypatch: pytest.MonkeyPatch) -> Iterator[Otel]:
 def summarizer(guard: policyhook.Guard, name: str = "conversation-summary") -> Any:
     @guard(summarizer=name)
     def summarize(text: str) -> str:
-        return f"digest of {len(text)} chars: retries are capped at seven attempts."
+        return f"digest of: {text[:20]}; retries are capped."
 
     return summarize
 
