@@ -962,10 +962,17 @@ class FactIndex:
         if len(words) >= 8:
             pairs = [f" {a} {b} " for a, b in itertools.pairwise(words)]
             need = 0.9 * len(pairs)
+            span = 3 * len(fact.value)
+            anchors = [" " + w + " " for w in longest]
             for sid in candidates:
                 norm = self._norm[sid]
-                if sum(p in norm for p in pairs) >= need:
-                    yield sid
+                # only where the quote could be: around the first few places its longest words
+                # are (a source may be 100 KB; the quote is a few hundred characters)
+                for at in _places(norm, anchors, 5):
+                    window = norm[max(0, at - span) : at + span]
+                    if sum(p in window for p in pairs) >= need:
+                        yield sid
+                        break
         elif fact.text.startswith("`") and not any(c.isdigit() for c in fact.value):
             for sid in candidates:
                 if _in_order(self._norm[sid], words, 12):
@@ -1048,6 +1055,17 @@ def _enumeration(text: str, run: list[re.Match[str]]) -> Iterator[Fact]:
         words += [w for w, _ in _context(text[m.end() : m.end() + 60])][:4]
     if words:
         yield Fact("number", str(len(run)), frozenset(words))
+
+
+def _places(norm: str, needles: list[str], limit: int) -> Iterator[int]:
+    """Up to `limit` positions of each needle in `norm`."""
+    for needle in needles:
+        at = norm.find(needle)
+        for _ in range(limit):
+            if at < 0:
+                break
+            yield at
+            at = norm.find(needle, at + 1)
 
 
 def _in_order(norm: str, words: list[str], within: int) -> bool:
