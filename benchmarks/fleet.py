@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/fleet.py             # a few minutes; starts its own servers
     .venv/bin/python benchmarks/fleet.py --quick     # under a minute, fewer decisions
     .venv/bin/python benchmarks/fleet.py --postgres postgresql://... --redis redis://...
+    .venv/bin/python benchmarks/fleet.py --memory 100000   # what a bounded MemoryStore keeps
 
 Each worker is its own process (spawned) with its own Guard on the shared store: SQLite (one WAL
 file), PostgreSQL, Redis. The workload is the common one in a fleet: a window whose summary rests
@@ -60,9 +61,10 @@ def prepare(kind: str, where: str, name: str) -> str:
 
     store = open_store(kind, where, name)
     guard = Guard(store=store)
-    sources, _ = texts()
+    sources, turn = texts()
     for i, text in enumerate(sources):
         guard.record_source(text, kind="tool_output", source_id=f"run-{i}")
+    guard.record_source(turn, kind="user_turn", source_id="turn")  # held: the decision grants
 
     def summarize(messages: list[str]) -> str:
         return f"Summary: {len(messages)} tool runs, all exit 0; outputs in /tmp/out-*.json."
@@ -83,7 +85,8 @@ def worker(spec: tuple[str, str, str], summary: str, count: int, barrier: Any, o
     value = [summary, turn]
     with request(window=WINDOW):
         for _ in range(max(20, count // 10)):
-            assert guard.check(value, summarizer="compact").depth == 1
+            decision = guard.check(value, summarizer="compact")
+            assert (decision.effect, decision.depth) == ("allow", 1), decision
         barrier.wait()
         clock = time.perf_counter_ns
         samples = []
@@ -146,6 +149,54 @@ def servers_for(args: argparse.Namespace) -> Iterator[dict[str, str]]:
         yield where
 
 
+def memory(calls: int) -> int:
+    """A long agent loop on a bounded MemoryStore: what the store keeps, and what grows.
+
+    Each call records a new tool output; every fourth call summarizes the window (the rolling
+    summary and the new outputs), restarting from the newest output when a source of the rolling
+    summary was evicted (a refusal). The store holds 1,000 sources (`max_sources`).
+    """
+    import gc
+    import tracemalloc
+
+    from policyhook import Guard, MemoryStore, UnsafeRecompactionError, request
+
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    store = MemoryStore(max_sources=1000)
+    guard = Guard(store=store)
+    summarize = guard(lambda m: f"Summary {len(m)}: " + " ".join(x[:30] for x in m), summarizer="s")
+    window: list[str] = []
+    made = 0
+    names = ("_held", "_dead", "_texts", "_entries", "_order", "_log")
+    print("| calls | summaries | traced MB (all) | " + " | ".join(names) + " |")
+    print("|---:|---:|---:|" + "---:|" * len(names))
+    for i in range(1, calls + 1):
+        text = f"tool output {i}: exit 0 after {i} ms on host h{i % 13}"
+        guard.record_source(text, "tool_output")
+        window.append(text)
+        if len(window) >= 5:
+            with request(window="loop"):
+                try:
+                    window = [summarize(window)]
+                    made += 1
+                except UnsafeRecompactionError:
+                    window = window[-1:]
+        if i % (calls // 5) == 0:
+            traced = (tracemalloc.get_traced_memory()[0] - base) / 1e6
+            sizes = " | ".join(f"{len(getattr(store, n)):,}" for n in names)
+            print(f"| {i:,} | {made:,} | {traced:.1f} | {sizes} |", flush=True)
+    total = tracemalloc.get_traced_memory()[0] - base
+    del guard, summarize
+    gc.collect()
+    kept = tracemalloc.get_traced_memory()[0] - base
+    print(
+        f"\nAll traced: {total / 1e6:.1f} MB; the store alone (guard dropped): "
+        f"{kept / 1e6:.1f} MB for {made:,} summaries (and its held texts and tombstones)"
+    )
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer decisions per worker")
@@ -154,7 +205,15 @@ def main() -> int:
     )
     parser.add_argument("--redis", metavar="URL", help="use this Redis (default: start one)")
     parser.add_argument("--workers", default="1,4,8", help="worker counts (default 1,4,8)")
+    parser.add_argument(
+        "--memory",
+        metavar="CALLS",
+        type=int,
+        help="instead: a CALLS-long agent loop on a bounded MemoryStore, what it keeps",
+    )
     args = parser.parse_args()
+    if args.memory:
+        return memory(args.memory)
     count = 200 if args.quick else 1000
     sizes = [int(n) for n in args.workers.split(",")]
     rows: list[tuple[str, dict[str, float]]] = []
