@@ -84,12 +84,6 @@ class TestReadme:
         finally:
             guard.close()
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="README's demo block predates the default's grounded-numbers policy (issue 14): "
-        "the demo now lists 'policies default, grounded-numbers'; the lead updates README.md, "
-        "then removes this mark",
-    )
     def test_demo_output_is_what_the_demo_prints(self) -> None:
         """The README's demo block is the demo's real output (revision hashes aside)."""
         shown = between(README, "demo-output").strip().removeprefix("```text\n").removesuffix("```")

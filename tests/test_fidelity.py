@@ -121,11 +121,6 @@ def test_report_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="README's fidelity table predates the default's grounded-numbers policy (issue 14); "
-    "the lead updates README.md from `benchmarks/fidelity.py`, then removes this mark",
-)
 def test_readme_table_is_the_last_full_run() -> None:
     """The README's fidelity table is what a full run of the harness prints (seed 7)."""
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
