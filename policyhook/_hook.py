@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import threading
 import time
 from collections.abc import (
     Awaitable,
@@ -246,6 +247,7 @@ class Guard:
         count_tokens: Callable[[str], int] | None = None,
         max_texts: int = 65_536,
         max_windows: int = 4_096,
+        max_fact_sources: int = 4_096,
         escalation: Escalation | None = None,
         pin_limit: int = 40,
         cite_sources: bool = False,
@@ -264,7 +266,9 @@ class Guard:
         #: Render the live sources of each grounded fact into a text output (`ceiling 7 [cfg-42]`)
         #: when output-phase policies check it; `call.grounding` has them either way.
         self.cite_sources = cite_sources
-        self._facts = grounding.FactIndex()  # facts of the sources, indexed when first needed
+        # facts of the sources, indexed when an output is first checked against them; a cache
+        self._facts = grounding.FactIndex(max_sources=max_fact_sources)
+        self._grounding = threading.Lock()
         if isinstance(decision_log, str | Path):
             decision_log = DecisionLog(decision_log)
         self.decision_log = decision_log
@@ -780,18 +784,6 @@ class Guard:
             return output
         texts = _texts(output)
         live = set(call._activation["region"]["live_sources"])
-        for source_id in live:
-            if source_id not in self._facts:
-                try:
-                    text = self.store.get_source(source_id)
-                except Exception as error:
-                    self._store_failed(call, "get_source", error)
-                    text = None  # its facts stay unverifiable: nothing to check them against
-                if text is not None:
-                    self._facts.add(source_id, text)
-        for source_id, text in call._resolution.unregistered:  # the input's own new content
-            self._facts.add(source_id, text)
-            live.add(source_id)
         try:  # per-fact provenance of the input's summaries, recorded by any process
             recorded = self.store.facts(call._resolution.summaries)
             carried = grounding.carried(r for facts in recorded.values() for r in facts)
@@ -799,7 +791,21 @@ class Guard:
             self._store_failed(call, "facts", error)
             carried = None  # facts only an earlier summary stated have no source: refused
         written = "\n".join(remedies.without_pointers(t) for t in texts)
-        found = grounding.check(written, self._facts, live, carried=carried)
+        with self._grounding:  # the index is a bounded cache: fill, check, then trim, as one
+            for source_id in live:
+                if source_id not in self._facts:
+                    try:
+                        text = self.store.get_source(source_id)
+                    except Exception as error:
+                        self._store_failed(call, "get_source", error)
+                        text = None  # its facts stay unverifiable: nothing to check them against
+                    if text is not None:
+                        self._facts.add(source_id, text)
+            for source_id, text in call._resolution.unregistered:  # the input's own new content
+                self._facts.add(source_id, text)
+                live.add(source_id)
+            found = grounding.check(written, self._facts, live, carried=carried)
+            self._facts.trim(keep=live)
         call.grounding = found
         activation = {**call._activation, "summary": schema.summary(found.summary())}
         decision = policies.decide(activation, phase="output")

@@ -796,15 +796,21 @@ class FactIndex:
     Numbers are indexed by (value, context word); everything else by its normalised value; every
     token and word pair of a source's text is indexed too, so an identifier or quote the
     extractor classified differently in the source (a name inside a path) is still found.
-    Sources are never forgotten here: which of them are live is asked at check time, and a fact
-    found only in dead sources is unverifiable, not ungrounded.
+    Which sources are live is asked at check time: a fact found only in dead sources is
+    unverifiable, not ungrounded. With `max_sources`, the index is a cache: `trim` forgets the
+    least recently used sources beyond it (their texts are in the store, to be indexed again
+    when needed), so a long-running guard's memory stays bounded.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_sources: int | None = None) -> None:
+        if max_sources is not None and max_sources < 1:
+            raise ValueError(f"max_sources must be at least 1, got {max_sources}")
+        self.max_sources = max_sources
         self._lock = threading.Lock()  # a check may run while another thread records a source
         self._keys: dict[str, set[str]] = {}
         self._assigned: dict[str, list[Fact]] = {}
-        self._texts: set[str] = set()
+        # each indexed source, least recently used first, with the keys it put (to forget it)
+        self._texts: dict[str, list[str]] = {}
         self._norm: dict[str, str] = {}  # each source's words, lowercased, one space apart
 
     def __contains__(self, source_id: object) -> bool:
@@ -819,6 +825,32 @@ class FactIndex:
             self._keys[key] = {source_id}
         else:
             ids.add(source_id)
+        put = self._texts.get(source_id)
+        if put is not None:
+            put.append(key)
+
+    def trim(self, keep: Collection[str] = ()) -> int:
+        """Forget the least recently used sources beyond `max_sources`, except those in `keep`
+        (the ones a check is using), which become the most recent. Returns how many it forgot."""
+        with self._lock:
+            for source_id in keep:
+                put = self._texts.pop(source_id, None)
+                if put is not None:
+                    self._texts[source_id] = put
+            if self.max_sources is None:
+                return 0
+            excess = len(self._texts) - max(self.max_sources, len(keep))
+            forgotten = list(itertools.islice(self._texts, max(excess, 0)))
+            for source_id in forgotten:
+                for key in self._texts.pop(source_id):
+                    ids = self._keys.get(key)
+                    if ids is not None:
+                        ids.discard(source_id)
+                        if not ids:
+                            del self._keys[key]
+                self._norm.pop(source_id, None)
+                self._assigned.pop(source_id, None)
+            return len(forgotten)
 
     def add(self, source_id: str, text: str) -> None:
         """Index the facts, tokens and word pairs of one source's text."""
@@ -833,7 +865,7 @@ class FactIndex:
     def _add(self, source_id: str, text: str) -> None:
         if source_id in self._texts:
             return
-        self._texts.add(source_id)
+        self._texts[source_id] = []
         put = self._put
         for token in set(_TOKEN_RE.findall(text)):
             put("t" + token, source_id)
@@ -1230,7 +1262,7 @@ def _unsupported(
     output: str, index: FactIndex, live: Collection[str] | None, judge: Judge, threshold: float
 ) -> Iterator[Fact]:
     """The sentences of `output` no live passage supports, as `claim` facts."""
-    live_ids = index._texts if live is None else set(live) & index._texts
+    live_ids = index._texts.keys() if live is None else set(live) & index._texts.keys()
     for m in _SENTENCE_RE.finditer(output):
         sentence = m.group().strip()
         words = [w for w in _WORDS_RE.findall(sentence.lower()) if w not in _STOP and len(w) > 2]
@@ -1334,7 +1366,7 @@ def _check(
             unverifiable.append(fact)
         else:
             ungrounded.append(fact)
-    live_ids = index._texts if live_set is None else live_set
+    live_ids = index._texts.keys() if live_set is None else live_set
     assigned = index._assigned
     key_facts = [f for sid in live_ids for f in assigned.get(sid, ())]
     for text in pinned:

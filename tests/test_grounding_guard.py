@@ -315,3 +315,54 @@ class TestPolicyTestFiles:
         )
         with pytest.raises(PolicyTestError, match=re.escape("summary.grounded (int) is missing")):
             run_tests(tmp_path)
+
+
+class TestFactIndexIsABoundedCache:
+    """The guard's index of source facts is a cache: bounded, and never the reason for a finding."""
+
+    def test_a_long_run_keeps_the_index_within_its_bound(self) -> None:
+        guard = Guard(max_fact_sources=8)
+        summarize = guard(lambda messages: "Summary: the queue holds jobs.", summarizer="s")
+        for i in range(60):
+            with request(window=f"w{i % 5}"):
+                summarize([f"user: turn {i} says the queue holds {i + 3} jobs", "one more"])
+        index = guard._facts
+        assert len(index) <= 8
+        assert set(index._norm) == set(index._texts) and set(index._assigned) <= set(index._texts)
+        indexed = set(index._texts)
+        assert all(ids <= indexed for ids in index._keys.values())  # nothing of a forgotten source
+        guard.close()
+
+    def test_a_forgotten_live_source_is_indexed_again_and_still_grounds(self) -> None:
+        """The config is forgotten by the cache after many other sources; a later summary that
+        states its number is still grounded (re-read from the store), not refused."""
+        guard = seed_guard(max_fact_sources=2)
+        for i in range(20):
+            guard.record_source(f"note {i}: deploy {i} finished", kind="user_turn")
+        summarize = guard(
+            summarizer("retry ceiling is 7 (from config)", "retry ceiling is 7 (from config)"),
+            summarizer="seed",
+        )
+        with request(window="w"):
+            assert "ceiling is 7" in summarize([CONFIG, TURNS[0]])
+            for i in range(6):  # other sources push the config out of the cache
+                guard.check([f"note {i}: deploy {i} finished"], summarizer="x")
+                summarize_other = guard(lambda m: "Summary: deploys finished.", summarizer="o")
+                summarize_other([f"note {i}: deploy {i} finished"])
+            assert "cfg-retry-ceiling" not in guard._facts
+            assert "ceiling is 7" in summarize([CONFIG, TURNS[1]])
+        guard.close()
+
+    def test_a_check_larger_than_the_bound_keeps_all_its_sources(self) -> None:
+        from policyhook.grounding import FactIndex, check
+
+        index = FactIndex(max_sources=2)
+        for i in range(5):
+            index.add(f"s{i}", f"the pool size is {i + 10}")
+        index.trim(keep=["s0", "s1", "s2", "s3", "s4"])
+        assert len(index) == 5  # a check's own sources are never forgotten under it
+        assert not check("the pool size is 14", index, {"s4"}).ungrounded
+        index.trim()
+        assert len(index) == 2 and set(index._texts) == {"s3", "s4"}  # the most recently kept
+        with pytest.raises(ValueError, match="max_sources"):
+            FactIndex(max_sources=0)
