@@ -603,14 +603,13 @@ class Guard:
         """What a remedy needs: the input's exact texts, and its sources' texts while the store
         still holds them (oldest put first), looked up now: liveness is never cached."""
         region = self.ledger.resolve(value, window).region
-        held = {s: self.store.get_source(s) for s in sorted(region.sources)}
-        live = {s: text for s, text in held.items() if text is not None}
+        live = self.store.get_sources(region.sources)
         units = _shapes.read(value, keep=(Region,))
         return remedies.Situation(
             requested=remedies.remedy_name(refusal.remedy or remedies.FALLBACK),
             texts=tuple(u.text or "" if isinstance(u, Region) else u for u in units),
             live=tuple((s, live[s]) for s in self._put_order(live)),
-            dead=tuple(s for s, text in held.items() if text is None),
+            dead=tuple(s for s in sorted(region.sources) if s not in live),
             can_summarize=can_summarize,
             budget_chars=budget_chars,
             escalation=self.escalation,
@@ -792,15 +791,14 @@ class Guard:
             carried = None  # facts only an earlier summary stated have no source: refused
         written = "\n".join(remedies.without_pointers(t) for t in texts)
         with self._grounding:  # the index is a bounded cache: fill, check, then trim, as one
-            for source_id in live:
-                if source_id not in self._facts:
-                    try:
-                        text = self.store.get_source(source_id)
-                    except Exception as error:
-                        self._store_failed(call, "get_source", error)
-                        text = None  # its facts stay unverifiable: nothing to check them against
-                    if text is not None:
-                        self._facts.add(source_id, text)
+            missing = [s for s in live if s not in self._facts]
+            try:  # one lookup for every live source this process has not indexed yet
+                fetched = self.store.get_sources(missing) if missing else {}
+            except Exception as error:
+                self._store_failed(call, "get_sources", error)
+                fetched = {}  # their facts stay unverifiable: nothing to check them against
+            for source_id, text in fetched.items():
+                self._facts.add(source_id, text)
             for source_id, text in call._resolution.unregistered:  # the input's own new content
                 self._facts.add(source_id, text)
                 live.add(source_id)

@@ -328,6 +328,16 @@ class PostgresStore:
         )  # fmt: skip
         return None if row is None else _s(row[0])
 
+    def get_sources(self, source_ids: Collection[str]) -> dict[str, str]:
+        if not source_ids:
+            return {}
+        rows = self._all(
+            "get_sources",
+            f"SELECT s.id, s.text FROM {{s}}.sources AS s WHERE s.id = ANY(%s) AND {_HELD}",
+            ([_b(i) for i in source_ids],),
+        )  # fmt: skip
+        return {_s(i): _s(t) for i, t in rows}
+
     def evict(self, source_id: str) -> bool:
         row = self._one(
             "evict",

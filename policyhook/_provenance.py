@@ -276,6 +276,9 @@ class Store(Protocol):
     def get_source(self, source_id: str) -> str | None:
         """Give the original back, or None when it is gone (evicted, expired or never put)."""
 
+    def get_sources(self, source_ids: Collection[str]) -> dict[str, str]:
+        """The originals of those of `source_ids` held now, in one lookup (gone ones left out)."""
+
     def evict(self, source_id: str) -> bool:
         """Drop a source's text, leaving a tombstone: it is dead for every later decision and
         still known (its entry stays). True if it was held."""

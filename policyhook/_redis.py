@@ -120,6 +120,22 @@ return false
 """
 )
 
+# KEYS: live dead src recent expiry | ARGV: ids -> flat [id, text, ...] for the held ones
+_GET_MANY = (
+    _LIB
+    + """
+local now = now_ms()
+local out = {}
+for _, id in ipairs(ARGV) do
+  if held(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], id, now) then
+    out[#out + 1] = id
+    out[#out + 1] = redis.call('HGET', KEYS[3], id)
+  end
+end
+return out
+"""
+)
+
 # KEYS: live dead src recent expiry | ARGV: id
 _EVICT = (
     _LIB
@@ -518,6 +534,7 @@ class RedisStore:
         script = client.register_script
         self._live, self._states = script(_LIVE), script(_STATES)
         self._get, self._evict = script(_GET), script(_EVICT)
+        self._get_many = script(_GET_MANY)
         self._put_source, self._put_summary = script(_PUT_SOURCE), script(_PUT_SUMMARY)
         self._by_anchor, self._rests_on = script(_BY_ANCHOR), script(_RESTS_ON)
         self._since, self._sources = script(_SINCE), script(_SOURCES)
@@ -597,6 +614,12 @@ class RedisStore:
     def get_source(self, source_id: str) -> str | None:
         text = self._run("get_source", self._get, self._held, [_b(source_id)])
         return None if text is None else _s(text)
+
+    def get_sources(self, source_ids: Collection[str]) -> dict[str, str]:
+        if not source_ids:
+            return {}
+        flat = self._run("get_sources", self._get_many, self._held, [_b(i) for i in source_ids])
+        return {_s(flat[i]): _s(flat[i + 1]) for i in range(0, len(flat), 2)}
 
     def evict(self, source_id: str) -> bool:
         return bool(self._run("evict", self._evict, self._held, [_b(source_id)]))

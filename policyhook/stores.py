@@ -153,6 +153,11 @@ class MemoryStore:
             held = self._held_now(source_id)
         return None if held is None else held[1]
 
+    def get_sources(self, source_ids: Collection[str]) -> dict[str, str]:
+        with self._lock:
+            self._expire(time.monotonic())
+            return {s: held[1] for s in source_ids if (held := self._held.get(s)) is not None}
+
     def evict(self, source_id: str) -> bool:
         with self._lock:
             if self._held_now(source_id) is None:
@@ -546,6 +551,17 @@ class SQLiteStore:
                 (source_id, time.time()),
             ).fetchone()
         return None if row is None else _text(row[0])
+
+    def get_sources(self, source_ids: Collection[str]) -> dict[str, str]:
+        if not source_ids:
+            return {}
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT s.id, s.text FROM json_each(?) AS j JOIN sources AS s ON s.id = j.value "
+                "WHERE s.state = 'live' AND (s.expires IS NULL OR s.expires > ?)",
+                (json.dumps(list(source_ids)), time.time()),
+            ).fetchall()
+        return {i: _text(t) for i, t in rows}
 
     def evict(self, source_id: str) -> bool:
         with self._lock:

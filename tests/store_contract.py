@@ -81,6 +81,21 @@ class StoreContract:
         assert store.get_source("a") == text
         assert store.get_source("never") is None
 
+    def test_gives_many_originals_back_in_one_call(self, make_store: MakeStore) -> None:
+        """get_sources returns the held texts among the ids asked, exactly; evicted, expired and
+        unknown ids are left out (what an output check reads about a whole input at once)."""
+        store = make_store(ttl=0.3)
+        texts = {f"s{i}": f"source {i}: retry_ceiling = {i} \u00e9\U0001f600" for i in range(300)}
+        for source_id, text in texts.items():
+            store.put_source(Source(source_id, "tool_output"), text)
+        store.evict("s7")
+        asked = [*texts, "never"]
+        assert store.get_sources(asked) == {k: v for k, v in texts.items() if k != "s7"}
+        assert store.get_sources([]) == {}
+        time.sleep(0.4)
+        store.put_source(Source("late", "tool_output"), "late")
+        assert store.get_sources(["s1", "late"]) == {"late": "late"}
+
     def test_eviction_leaves_a_tombstone(self, store: Store) -> None:
         """An evicted source is dead and known; an id never put is unknown (absent)."""
         store.put_source(Source("a", "config_read"), "A")

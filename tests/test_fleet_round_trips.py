@@ -103,6 +103,15 @@ class TestPostgres:
             guard.ledger.record_summary("A summary of everything", region, "w", [("f", ("x",))])
             assert statements() - before == 1
 
+            # a granted, output-checked call of a worker that has indexed none of the 1,000
+            # sources: the decision, the summaries' fact provenance, every live source's text,
+            # and recording the summary: four statements, whatever the number of sources
+            other, summary2, turn2 = fleet_of_two(writer, reader)
+            summarize = other(lambda m: "Summary: deploys ran; each exited.", summarizer="s")
+            before = statements()
+            assert summarize([summary2, turn2]).startswith("Summary")
+            assert statements() - before == 4
+
 
 class TestRedis:
     def test_one_command_per_decision_and_per_summary(self, redis: servers.Restartable) -> None:
