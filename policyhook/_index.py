@@ -177,33 +177,30 @@ class Index:
                 levels = [*levels, self._batch]
                 fresh = []
         dropped = self._dropped
+
+        def place(at: int, offset: int, length: int, digest: str, tail: bytes) -> None:
+            """Keep the text an anchor found at `at` points to, if it fits and its tail agrees."""
+            start = at - offset
+            end = start + length
+            if (
+                start >= 0
+                and end <= size
+                and data.endswith(tail, start, end)
+                and digest not in dropped
+            ):
+                found.append((start, end, digest))
+
         for level in levels:
             candidates = level.candidates
             for index, at, _ in level.searcher(size).find_matches_as_indexes(
                 data, overlapping=True
             ):
-                for offset, length, digest, tail in candidates[index]:
-                    start = at - offset
-                    end = start + length
-                    if (
-                        start >= 0
-                        and end <= size
-                        and data.endswith(tail, start, end)
-                        and digest not in dropped
-                    ):
-                        found.append((start, end, digest))
-        for anchor, (offset, length, digest, tail) in fresh:
+                for candidate in candidates[index]:
+                    place(at, *candidate)
+        for anchor, candidate in fresh:
             at = data.find(anchor)
             while at != -1:
-                start = at - offset
-                end = start + length
-                if (
-                    start >= 0
-                    and end <= size
-                    and data.endswith(tail, start, end)
-                    and digest not in dropped
-                ):
-                    found.append((start, end, digest))
+                place(at, *candidate)
                 at = data.find(anchor, at + 1)
         return found
 

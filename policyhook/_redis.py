@@ -244,8 +244,9 @@ end
 return out
 """
 
-# KEYS: links | ARGV: summary ids -> flat [root, source, ...]; each parent followed once.
-_RESTS_ON = """
+#: `rests_on(links, root, emit)`: calls `emit(id)` once for each source summary `root` rests on,
+#: following each parent once through the `links` hash (`n:parents`, then parents, then sources).
+_RESTS_ON_LIB = """
 local function items(s)
   local out, pos = {}, 1
   while pos <= #s do
@@ -256,11 +257,10 @@ local function items(s)
   end
   return out
 end
-local out = {}
-for _, root in ipairs(ARGV) do
+local function rests_on(links_key, root, emit)
   local seen, todo, found = {[root] = true}, {root}, {}
   while #todo > 0 do
-    local links = redis.call('HGET', KEYS[1], table.remove(todo))
+    local links = redis.call('HGET', links_key, table.remove(todo))
     if links then
       local list = items(links)
       local parents = tonumber(list[1])
@@ -269,14 +269,25 @@ for _, root in ipairs(ARGV) do
         if i <= parents + 1 then
           if not seen[id] then seen[id] = true; todo[#todo + 1] = id end
         elseif not found[id] then
-          found[id] = true; out[#out + 1] = root; out[#out + 1] = id
+          found[id] = true; emit(id)
         end
       end
     end
   end
 end
+"""
+
+# KEYS: links | ARGV: summary ids -> flat [root, source, ...]
+_RESTS_ON = (
+    _RESTS_ON_LIB
+    + """
+local out = {}
+for _, root in ipairs(ARGV) do
+  rests_on(KEYS[1], root, function(id) out[#out + 1] = root; out[#out + 1] = id end)
+end
 return out
 """
+)
 
 #: The entries written after `cursor` (at most `limit`), each with its text while held, as a flat
 #: [seq, entry, text or false, ...]; empty at once when nothing was written since. For the scripts
@@ -323,17 +334,8 @@ return since_rows(tonumber(ARGV[1]), tonumber(ARGV[2]), now_ms())
 _VIEW = (
     _LIB
     + _SINCE_ROWS
+    + _RESTS_ON_LIB
     + """
-local function items(s)
-  local out, pos = {}, 1
-  while pos <= #s do
-    local colon = string.find(s, ':', pos, true)
-    local n = tonumber(string.sub(s, pos, colon - 1))
-    out[#out + 1] = string.sub(s, colon + 1, colon + n)
-    pos = colon + n + 1
-  end
-  return out
-end
 local cursor, limit, window, n = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local now = now_ms()
 local since = since_rows(cursor, limit, now)
@@ -358,22 +360,9 @@ for _, entry in ipairs(found) do
   if fields[3] > 0 then roots[#roots + 1] = fields[2] end
 end
 for _, root in ipairs(roots) do
-  local seen, todo, got = {[root] = true}, {root}, {}
-  while #todo > 0 do
-    local links = redis.call('HGET', KEYS[12], table.remove(todo))
-    if links then
-      local list = items(links)
-      local parents = tonumber(list[1])
-      for i = 2, #list do
-        local id = list[i]
-        if i <= parents + 1 then
-          if not seen[id] then seen[id] = true; todo[#todo + 1] = id end
-        elseif not got[id] then
-          got[id] = true; closure[#closure + 1] = root; closure[#closure + 1] = id; want(id)
-        end
-      end
-    end
-  end
+  rests_on(KEYS[12], root, function(id)
+    closure[#closure + 1] = root; closure[#closure + 1] = id; want(id)
+  end)
 end
 local live = {}
 for _, id in ipairs(ask) do

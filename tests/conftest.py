@@ -1,10 +1,12 @@
-"""Shared fixtures: every policy test runs under each installed CEL backend."""
+"""Shared fixtures: every policy test runs under each installed CEL backend; real Postgres and
+Redis servers for the store tests."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
 import pytest
+import servers
 
 from policyhook import _backends as backends
 from policyhook import _cel as cel
@@ -38,3 +40,18 @@ def no_force_audit(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Tests that expect enforcement must not inherit a shadow-rollout switch from the shell."""
     monkeypatch.delenv("POLICYHOOK_FORCE_AUDIT", raising=False)
     yield
+
+
+# Real servers, each started once per test module that asks for it (tests/servers.py).
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[servers.Restartable]:
+    server = servers.postgres()
+    yield server
+    servers.remove(server)
+
+
+@pytest.fixture(scope="module")
+def redis() -> Iterator[servers.Restartable]:
+    server = servers.redis()
+    yield server
+    servers.remove(server)

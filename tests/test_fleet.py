@@ -30,20 +30,6 @@ def workers() -> Iterator[list[Worker]]:
         yield running
 
 
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[servers.Restartable]:
-    server = servers.postgres()
-    yield server
-    servers.remove(server)
-
-
-@pytest.fixture(scope="module")
-def redis() -> Iterator[servers.Restartable]:
-    server = servers.redis()
-    yield server
-    servers.remove(server)
-
-
 @pytest.fixture(params=["postgres", "redis", "sqlite"])
 def shared(request: pytest.FixtureRequest, tmp_path: Path) -> Spec:
     """A fresh shared store: its own schema / namespace / file."""

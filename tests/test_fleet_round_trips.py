@@ -14,11 +14,9 @@ from __future__ import annotations
 import itertools
 import re
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import servers
 
 from policyhook import Guard, SQLiteStore
@@ -26,20 +24,6 @@ from policyhook.stores import Store
 
 SOURCES = 1000
 _names = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[servers.Restartable]:
-    server = servers.postgres()
-    yield server
-    servers.remove(server)
-
-
-@pytest.fixture(scope="module")
-def redis() -> Iterator[servers.Restartable]:
-    server = servers.redis()
-    yield server
-    servers.remove(server)
 
 
 def fleet_of_two(writer: Store, reader: Store) -> tuple[Guard, str, str]:

@@ -25,13 +25,6 @@ def fresh(prefix: str) -> str:
     return f"{prefix}{next(_names)}"
 
 
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[servers.Restartable]:
-    server = servers.postgres()
-    yield server
-    servers.remove(server)
-
-
 class TestPostgresStoreContract(StoreContract):
     @pytest.fixture
     def make_store(self, postgres: servers.Restartable) -> Iterator[MakeStore]:
@@ -61,13 +54,6 @@ class TestPostgresStoreContract(StoreContract):
         yield again
         for s in opened:
             s.close()
-
-
-@pytest.fixture(scope="module")
-def redis() -> Iterator[servers.Restartable]:
-    server = servers.redis()
-    yield server
-    servers.remove(server)
 
 
 class TestRedisStoreContract(StoreContract):
