@@ -29,6 +29,8 @@ MIN_EMBEDDED_CHARS = MIN_BYTES
 UNREGISTERED = "window"
 #: Summaries whose full source sets are kept in memory (most recently used).
 _CLOSURES = 256
+#: The kinds of an unrecognised gap's region (one set, shared).
+_GAP_KINDS = frozenset((UNREGISTERED,))
 #: Kind given to content that could not be checked because the store did not answer.
 UNVERIFIABLE = "unverifiable"
 
@@ -93,14 +95,21 @@ class Entry:
         """This summary entry recorded again over `earlier` (the same text): provenance only
         grows (union of parents and sources, deepest depth), so no summary resting on the
         earlier record can lose a source by it."""
-        if earlier is None or earlier.depth == 0:
+        if earlier is None or earlier.depth == 0 or earlier == self:
             return self
-        return replace(
-            self,
-            depth=max(self.depth, earlier.depth),
-            parents=tuple(sorted((set(self.parents) | set(earlier.parents)) - {self.id})),
-            sources=tuple(sorted(set(self.sources) | set(earlier.sources))),
-            source_kinds=tuple(sorted(set(self.source_kinds) | set(earlier.source_kinds))),
+        parents = {*self.parents, *earlier.parents}
+        parents.discard(self.id)
+        return Entry(
+            self.digest,
+            self.id,
+            max(self.depth, earlier.depth),
+            self.kind,
+            self.size,
+            self.anchor,
+            tuple(sorted(parents)),
+            tuple(sorted({*self.sources, *earlier.sources})),
+            tuple(sorted({*self.source_kinds, *earlier.source_kinds})),
+            self.window,
         )
 
     def region(self, sources: frozenset[str], chars: int | None = None) -> Region:
@@ -184,12 +193,15 @@ class Region:
     def merge(cls, parts: Iterable[Region], region_id: str) -> Region:
         """The region made of `parts` side by side: deepest part's depth, union of sources."""
         parts = tuple(parts)
+        if len(parts) == 1:  # the common case: one message (its sets are shared, not copied)
+            (part,) = parts
+            return cls(region_id, part.depth, part.sources, part.source_kinds, part.chars)
         return cls(
-            id=region_id,
-            depth=max((p.depth for p in parts), default=0),
-            sources=frozenset().union(*(p.sources for p in parts)),
-            source_kinds=frozenset().union(*(p.source_kinds for p in parts)),
-            chars=sum(p.chars for p in parts),
+            region_id,
+            max((p.depth for p in parts), default=0),
+            frozenset().union(*[p.sources for p in parts]),
+            frozenset().union(*[p.source_kinds for p in parts]),
+            sum([p.chars for p in parts]),
         )
 
     def summarized_as(self, text: str) -> Region:
@@ -552,7 +564,6 @@ class Ledger:
     ) -> Resolution:
         """`first` (resolved before `view`) with what the view brought: learnt, and resolved
         again if it changed what the input is made of."""
-        known = view.asked(first.region.sources)
         changed = self._take(view.since, items) or bool(view.entries)
         self._cursor = max(self._cursor, view.cursor)  # another thread's view may be newer
         for entry in view.entries.values():
@@ -563,14 +574,18 @@ class Ledger:
             self._windows[window] = max(self._windows.get(window, 0), view.depth)
             while len(self._windows) > self.max_windows:
                 self._windows.popitem(last=False)
-        found = first
+        if len(view.since) < 1024 and not changed:  # the view changed nothing: `first` stands
+            # It found no entries (`changed` would be set), so it answered the liveness of
+            # exactly the region's sources: no intersection to take (O(k) on a long chain).
+            return Resolution(first.region, first.unregistered, first.summaries, view.live)
         if len(view.since) >= 1024:  # far behind: catch up the usual way, then resolve
             found = self._resolve(items)
-        elif changed:  # caught up by the view: resolve again from what it brought
+        else:  # caught up by the view: resolve again from what it brought
             again = _Deferred(self.store, None, answered=set(asked), entries=view.entries)
             found = self._reading(again, items)
-        if found.region.sources <= known:
-            return replace(found, live=view.live & found.region.sources)
+        if found.region.sources <= view.asked(first.region.sources):
+            live = view.live & found.region.sources
+            return Resolution(found.region, found.unregistered, found.summaries, live)
         return found  # a source found since: the caller asks the store (`live`)
 
     def _reading(self, reader: Any, items: list[Region | str]) -> Resolution:
@@ -586,22 +601,26 @@ class Ledger:
             self._catch_up()
         except Exception:  # a miss below still asks the store, and fails closed if it cannot
             _logger.debug("policyhook: store catch-up failed", exc_info=True)
-        encoded = [encode(i) if isinstance(i, str) else b"" for i in items]
-        digests = [
-            digest(self._key, data)
-            if isinstance(item, str)
-            else digest(self._key, encode(item.text or item.id))
-            for item, data in zip(items, encoded, strict=True)
-        ]
+        secret = self._key
+        encoded: list[bytes] = []
+        digests: list[str] = []
+        messages: list[str] = []  # the digests of the str items, to look up whole
+        for item in items:
+            if isinstance(item, str):
+                data = encode(item)
+                messages.append(digest(secret, data))
+                digests.append(messages[-1])
+            else:
+                data = b""
+                digests.append(digest(secret, encode(item.text or item.id)))
+            encoded.append(data)
         parts: list[Region] = []
         unregistered: list[tuple[str, str]] = []
         closures: dict[str, frozenset[str]] = {}
         failure: Exception | None = None
         known: dict[str, Entry] = {}
         try:
-            known = self._fetch(
-                [d for d, i in zip(digests, items, strict=True) if isinstance(i, str)]
-            )
+            known = self._fetch(messages)
         except Exception as exc:  # what the cache holds is still recognised
             failure = exc
         for item, data, key in zip(items, encoded, digests, strict=True):
@@ -633,17 +652,24 @@ class Ledger:
                 "tell apart counts as a summary of dead sources (fail closed)",
                 exc_info=failure,
             )
-        region_id = "r:" + digest(self._key, "\x1e".join(digests).encode())[:16]
-        parents = tuple(sorted({p.id for p in parts if p.depth > 0 and p.id in self._summaries}))
-        direct = frozenset().union(
-            *(p.sources for p in parts if not (p.depth > 0 and p.id in self._summaries))
-        )
-        self._made_of[region_id] = (parents, direct)
-        self._made_of.move_to_end(region_id)
-        if len(self._made_of) > 256:
-            self._made_of.popitem(last=False)
-        summaries = tuple(dict.fromkeys(p.id for p in parts if p.depth > 0))
-        return Resolution(Region.merge(parts, region_id), tuple(unregistered), summaries)
+        region_id = "r:" + digest(secret, "\x1e".join(digests).encode())[:16]
+        cached = self._summaries
+        summaries: dict[str, None] = {}  # the summaries the input is made of, in order
+        parents: set[str] = set()  # those of them cached: the region rests on them by id
+        direct: list[frozenset[str]] = []  # the sources of every other part
+        for part in parts:
+            if part.depth > 0:
+                summaries[part.id] = None
+                if part.id in cached:
+                    parents.add(part.id)
+                    continue
+            direct.append(part.sources)
+        made_of = self._made_of
+        made_of[region_id] = (tuple(sorted(parents)), frozenset().union(*direct))
+        made_of.move_to_end(region_id)
+        if len(made_of) > 256:
+            made_of.popitem(last=False)
+        return Resolution(Region.merge(parts, region_id), tuple(unregistered), tuple(summaries))
 
     def _split(
         self,
@@ -657,15 +683,18 @@ class Ledger:
         """The known texts inside one message and the unrecognised gaps between them."""
         cursor = 0
         found, overlapped = self._find(data)
+        ascii = len(data) == len(text)  # then byte offsets are character offsets
         for start, end, entry in found:
-            self._gap(data[cursor:start], parts, unregistered, key, cursor)
-            chars = len(data[start:end].decode("utf-8", "surrogatepass"))
+            gap = text[cursor:start] if ascii else None
+            self._gap(data[cursor:start], parts, unregistered, key, cursor, gap)
+            chars = end - start if ascii else len(data[start:end].decode("utf-8", "surrogatepass"))
             parts.append(self._region(entry, chars, closures))
             cursor = end
         if cursor == 0:
             self._gap(data, parts, unregistered, key, -1, text)  # the whole message
         else:
-            self._gap(data[cursor:], parts, unregistered, key, cursor)
+            gap = text[cursor:] if ascii else None
+            self._gap(data[cursor:], parts, unregistered, key, cursor, gap)
         # A known text overlapping the end of one found before it is in the input whole too: the
         # region rests on it as well (its depth and sources), its characters counted once.
         parts.extend(self._region(entry, 0, closures) for entry in overlapped)
@@ -753,7 +782,7 @@ class Ledger:
 
     def _region(self, entry: Entry, chars: int, closures: dict[str, frozenset[str]]) -> Region:
         if entry.depth == 0:  # a source's entry rests on itself alone
-            return Region.of_source(Source(entry.id, entry.kind), chars)
+            return Region(entry.id, 0, frozenset((entry.id,)), frozenset((entry.kind,)), chars)
         sources = closures.get(entry.id)
         if sources is None:
             sources = closures[entry.id] = self._rests_on(entry)
@@ -808,9 +837,9 @@ class Ledger:
         if not text.strip():
             return
         place = key if at == -1 else digest(self._key, f"{key}:{at}:{len(data)}".encode())
-        source = Source(f"{UNREGISTERED}:{place[:16]}", UNREGISTERED)
-        unregistered.append((source.id, text))
-        parts.append(Region.of_source(source, len(text)))
+        source_id = f"{UNREGISTERED}:{place[:16]}"
+        unregistered.append((source_id, text))
+        parts.append(Region(source_id, 0, frozenset((source_id,)), _GAP_KINDS, len(text)))
 
     def max_depth(self, window: str) -> int:
         """The deepest summary recorded in the window: O(1)."""

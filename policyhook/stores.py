@@ -18,8 +18,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import replace
+from itertools import compress, filterfalse, repeat
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from policyhook import _fork
 from policyhook._errors import StoreUnavailableError
@@ -39,6 +40,10 @@ from policyhook._provenance import (
 __all__ = ["MemoryStore", "SQLiteStore", "State", "Store", "open_store"]
 
 
+#: The reads `MemoryStore.view` is made of; a subclass or instance overriding one is heard.
+_VIEW_PARTS = frozenset({"since", "lookup", "rests_on", "live", "window_depth"})
+
+
 class MemoryStore:
     """A process-local store: for tests, demos and runtimes that keep originals in memory.
 
@@ -50,6 +55,9 @@ class MemoryStore:
     few hundred bytes each, no text) are never forgotten: a forgotten summary would come back as
     original evidence, a wrong allow. See docs/stores.md.
     """
+
+    #: Whether a subclass overrides a read `view` is made of (then `view` makes those calls).
+    _heard: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -85,6 +93,10 @@ class MemoryStore:
         self._log: list[tuple[int, str]] = []
         self._depths: dict[str, int] = {}
         _fork.register(self, MemoryStore._after_fork)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._heard = any(getattr(cls, n) is not getattr(MemoryStore, n) for n in _VIEW_PARTS)
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()  # another thread may have held it at the fork
@@ -169,7 +181,7 @@ class MemoryStore:
     def live(self, source_ids: Collection[str]) -> frozenset[str]:
         with self._lock:
             self._expire(time.monotonic())
-            return frozenset(s for s in source_ids if s in self._held)
+            return frozenset(self._held.keys() & source_ids) if source_ids else frozenset()
 
     def states(self, source_ids: Collection[str]) -> dict[str, State]:
         with self._lock:
@@ -230,21 +242,25 @@ class MemoryStore:
 
     def since(self, cursor: int, limit: int) -> tuple[int, list[tuple[Entry, str | None]]]:
         with self._lock:
-            self._expire(time.monotonic())
-            at = bisect.bisect_right(self._log, (cursor, "~"))  # the first write after cursor
-            out: list[tuple[Entry, str | None]] = []
-            while at < len(self._log) and len(out) < limit:
-                cursor, d = self._log[at]
-                at += 1
-                if self._order.get(d) != cursor:
-                    continue  # written again later, or forgotten
-                entry = self._entries[d]
-                if entry.depth == 0:
-                    held = self._held.get(entry.id)
-                    out.append((entry, held[1] if held is not None else None))
-                else:
-                    out.append((entry, self._texts.get(d)))
-            return cursor, out
+            return self._since(cursor, limit)
+
+    def _since(self, cursor: int, limit: int) -> tuple[int, list[tuple[Entry, str | None]]]:
+        self._expire(time.monotonic())
+        log = self._log
+        at = bisect.bisect_right(log, (cursor, "~"))  # the first write after cursor
+        out: list[tuple[Entry, str | None]] = []
+        while at < len(log) and len(out) < limit:
+            cursor, d = log[at]
+            at += 1
+            if self._order.get(d) != cursor:
+                continue  # written again later, or forgotten
+            entry = self._entries[d]
+            if entry.depth == 0:
+                held = self._held.get(entry.id)
+                out.append((entry, held[1] if held is not None else None))
+            else:
+                out.append((entry, self._texts.get(d)))
+        return cursor, out
 
     def view(
         self,
@@ -254,13 +270,33 @@ class MemoryStore:
         source_ids: Collection[str],
         window: str | None = None,
     ) -> View:
-        """In process, so its own calls (a subclass overriding one is still heard)."""
-        cursor, items = self.since(cursor, limit)
-        entries = self.lookup(digests)
-        rests_on = self.rests_on([e.id for e in entries.values() if e.depth > 0])
-        view = View(cursor, items, entries, rests_on, frozenset())
-        depth = None if window is None else self.window_depth(window)
-        return replace(view, live=self.live(view.asked(source_ids)), depth=depth)
+        """In process: one lock, one pass. A subclass (or an instance) overriding one of the
+        reads it is made of (`since`, `lookup`, `rests_on`, `live`, `window_depth`: a test's
+        faulty store) is still heard: the view is then made of those calls."""
+        if type(self)._heard or _VIEW_PARTS & self.__dict__.keys():
+            cursor, items = self.since(cursor, limit)
+            entries = self.lookup(digests)
+            rests_on = self.rests_on([e.id for e in entries.values() if e.depth > 0])
+            view = View(cursor, items, entries, rests_on, frozenset())
+            depth = None if window is None else self.window_depth(window)
+            return replace(view, live=self.live(view.asked(source_ids)), depth=depth)
+        with self._lock:
+            cursor, items = self._since(cursor, limit)
+            known = self._entries
+            entries = {d: known[d] for d in digests if d in known}
+            by_id = self._by_id.get
+            rests_on = {
+                e.id: frozenset(_closure(e.id, by_id)) for e in entries.values() if e.depth > 0
+            }
+            held = self._held
+            asked: Collection[str] = source_ids
+            if entries:
+                asked = set(source_ids).union(*rests_on.values())
+                asked.update(e.id for e in entries.values() if e.depth == 0)
+            # C-level intersection with the held ids (expired ones were dropped by `_since`).
+            live = frozenset(held.keys() & asked) if asked else frozenset()
+            depth = None if window is None else self._depths.get(window, 0)
+        return View(cursor, items, entries, rests_on, live, depth)
 
     def sources(self, limit: int) -> list[tuple[Source, str]]:
         with self._lock:
@@ -275,6 +311,11 @@ class MemoryStore:
                 if self._entries[d].window == window
             ][-limit:]
             return [(e.region(frozenset(_closure(e.id, self._by_id.get))), t) for e, t in held]
+
+
+def _held(ids: Iterable[str], expiry: dict[str, float], now: float) -> frozenset[str]:
+    """The ids whose cached expiry is still ahead (0: not held), in C loops (k ids of a chain)."""
+    return frozenset(compress(ids, map(now.__lt__, map(expiry.get, ids, repeat(0.0)))))
 
 
 def _closure(summary_id: str, get: Callable[[str], Entry | None]) -> set[str]:
@@ -395,9 +436,9 @@ class SQLiteStore:
         # other connection commits; this connection's own writes update it.
         self._expiry: dict[str, float] = {}
         self._expiry_version = -1
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._asking: list[str] = []  # the ids a view asks, for `_asked` (under the lock)
+        self._db = self._connect()
         with self._lock:
-            self._db.execute("PRAGMA busy_timeout=5000")
             _wal(self._db)
             self._db.execute("PRAGMA synchronous=NORMAL")
             # Liveness of 1,000 ids on 10^6 rows touches 1,000 pages: read them by mmap, cached.
@@ -451,9 +492,22 @@ class SQLiteStore:
         _inherited.append(self._db)  # never closed in the child: that could disturb the parent
         self._lock = threading.Lock()
         self._data_version = -1
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        # data_version counts per connection: the new one's could equal the cached one's while
+        # another process evicted meanwhile, so the liveness cache starts over (fail closed).
+        self._expiry.clear()
+        self._expiry_version = -1
+        self._db = self._connect()
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA busy_timeout=5000")
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA busy_timeout=5000")
+        # `view` reads every id it asks only when its liveness cache is stale (see `_VIEW`).
+        db.create_function("policyhook_asked", 0, self._asked)
+        return db
+
+    def _asked(self) -> str:
+        return json.dumps(self._asking)
 
     def _has_table(self, name: str) -> bool:
         row = self._db.execute(
@@ -582,7 +636,7 @@ class SQLiteStore:
             self._check_file()
             self._check_cache()
             cache = self._expiry
-            missing = [i for i in source_ids if i not in cache]
+            missing = list(filterfalse(cache.__contains__, source_ids))
             if missing:
                 for i in missing:
                     cache[i] = 0.0  # not held, unless the query says so
@@ -594,8 +648,7 @@ class SQLiteStore:
                     cache[i] = (
                         (_FOREVER if expires is None else expires) if state == "live" else 0.0
                     )
-            now = time.time()
-            return frozenset(i for i in source_ids if cache[i] > now)
+            return _held(source_ids, cache, time.time())
 
     def _check_cache(self) -> None:
         """Drop cached liveness when another connection committed (`PRAGMA data_version`)."""
@@ -750,23 +803,52 @@ class SQLiteStore:
         source_ids: Collection[str],
         window: str | None = None,
     ) -> View:
-        """One statement: each part of the view is a tagged row of one compound SELECT."""
+        """One statement: each part of the view is a tagged row of one compound SELECT.
+
+        Liveness comes from the cache `live` keeps while no other connection commits: the
+        statement asks only the ids the cache lacks, unless its `data_version` says another
+        connection committed since the cache was filled, and then it asks every id (so a
+        rolling chain's k sources cost k dictionary reads, not a k-row join, per decision).
+        """
+        ids = source_ids if isinstance(source_ids, list) else list(source_ids)
+        now = time.time()
         with self._lock:
             self._check_file()
-            rows = self._db.execute(
-                _VIEW,
-                {
-                    "digests": json.dumps(list(digests)),
-                    "ids": json.dumps(list(source_ids)),
-                    "cursor": cursor,
-                    "limit": limit,
-                    "now": time.time(),
-                    "window": window,
-                },
-            ).fetchall()
+            cache = self._expiry
+            if len(cache) > _CACHE_MAX:
+                cache.clear()
+                self._expiry_version = -1
+            cached = self._expiry_version
+            missing = ids if cached == -1 else list(filterfalse(cache.__contains__, ids))
+            self._asking = ids
+            try:
+                rows = self._db.execute(
+                    _VIEW,
+                    {
+                        "digests": json.dumps(list(digests)),
+                        "missing": json.dumps(missing),
+                        "version": cached,
+                        "cursor": cursor,
+                        "limit": limit,
+                        "now": now,
+                        "window": window,
+                    },
+                ).fetchall()
+            finally:
+                self._asking = []
             since = [r for r in rows if r[0] == "s"]
             if since:
                 self._head = max(self._head, since[-1][1])
+            version = next(r[1] for r in rows if r[0] == "v")
+            if version != cached:  # another connection committed: every id was asked
+                cache.clear()
+                self._expiry_version = version
+                missing = ids
+            held = {_text(r[3]): _FOREVER if r[1] is None else r[1] for r in rows if r[0] == "l"}
+            for i in missing:
+                cache[i] = 0.0  # not held, unless the statement said so
+            cache.update(held)
+            live = _held(ids, cache, now).union(held)
         entries = {e.digest: e for e in (_entry(r[2:12]) for r in rows if r[0] == "f")}
         rests_on: dict[str, set[str]] = {e.id: set() for e in entries.values() if e.depth > 0}
         for r in rows:
@@ -781,7 +863,7 @@ class SQLiteStore:
             since=[(_entry(r[2:12]), None if r[12] is None else _text(r[12])) for r in since],
             entries=entries,
             rests_on={k: frozenset(v) for k, v in rests_on.items()},
-            live=frozenset(_text(r[3]) for r in rows if r[0] == "l"),
+            live=live,
             depth=depth,
         )
 
@@ -808,7 +890,10 @@ class SQLiteStore:
 
 #: `SQLiteStore.view`: rows (tag, seq or depth, the entry's columns, text or source id), tagged
 #: s (since, in order), f (found by digest), c (a found summary's root id and one of its sources,
-#: transitively), l (a held source id), w (the window's depth).
+#: transitively), l (a held source id, its expiry in the second column), w (the window's depth),
+#: v (this connection's `data_version`). Liveness is asked for the ids the cache lacks
+#: (`:missing`) while `data_version` is the one the cache was filled at (`:version`), else for
+#: every id (`policyhook_asked()`, called only then: CASE evaluates the branch it takes).
 _VIEW = f"""
 WITH RECURSIVE
 found AS (
@@ -821,8 +906,11 @@ up (root, id) AS (
 closure (root, source) AS (
     SELECT up.root, d.value FROM up
     JOIN entries AS e ON e.id = up.id AND e.depth > 0, json_each(e.direct) AS d),
+version (v) AS (SELECT data_version FROM pragma_data_version()),
 ask (id) AS (
-    SELECT value FROM json_each(:ids) UNION SELECT source FROM closure
+    SELECT value FROM json_each(CASE WHEN (SELECT v FROM version) IS :version THEN :missing
+                                     ELSE policyhook_asked() END)
+    UNION SELECT source FROM closure
     UNION SELECT id FROM found WHERE depth = 0)
 SELECT * FROM (
     SELECT 's', e.seq, {_E_COLUMNS}, CASE WHEN e.depth > 0 THEN e.text ELSE
@@ -833,9 +921,11 @@ SELECT 'f', e.seq, {_E_COLUMNS}, NULL FROM found AS e
 UNION ALL
 SELECT 'c', NULL, NULL, root, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, source FROM closure
 UNION ALL
-SELECT 'l', NULL, NULL, s.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+SELECT 'l', s.expires, NULL, s.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM ask JOIN sources AS s ON s.id = ask.id
 WHERE s.state = 'live' AND (s.expires IS NULL OR s.expires > :now)
+UNION ALL
+SELECT 'v', v, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM version
 UNION ALL
 SELECT 'w', depth, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM windows WHERE window = :window

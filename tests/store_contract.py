@@ -16,18 +16,32 @@ Use it by subclassing `StoreContract` in a test module and providing two fixture
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from policyhook._provenance import Entry, Source, anchor_of, digest, encode
 from policyhook.stores import Store
 
 MakeStore = Callable[..., Store]
 Reopen = Callable[[Store], Store]
+
+#: Ids unique per hypothesis example: one store outlives the examples of a test.
+_runs = itertools.count()
+#: What either handle does in an interleaving: put or evict a source, then read liveness.
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["put", "put_other", "evict", "evict_other", "view", "view_found", "live"]),
+        st.integers(0, 5),
+    ),
+    max_size=40,
+)
 
 
 def summary(store: Store, text: str, *, window: str = "w", depth: int = 1, **fields: Any) -> Entry:
@@ -394,6 +408,44 @@ class StoreContract:
         store.put_source(Source("a", "config_read"), "A")
         reopen(store).evict("a")
         assert store.states(["a"]) == {"a": "evicted"}
+
+    @settings(  # one contract run for every store class: its executors differ by design
+        max_examples=40,
+        deadline=None,
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.differing_executors,
+        ],
+    )
+    @given(ops=_OPS)
+    def test_liveness_is_never_stale_whatever_the_interleaving(
+        self, store: Store, reopen: Reopen, ops: list[tuple[str, int]]
+    ) -> None:
+        """Liveness read through this handle (`view`, with or without a found summary, and
+        `live`) is what was put and not evicted through either handle, in any order: whatever a
+        store caches, it never serves a stale "live" (nor a stale "dead")."""
+        other = reopen(store)
+        run = next(_runs)
+        ids = [f"h{run}-{i}" for i in range(6)]
+        held: set[str] = set()
+        text = f"a summary resting on the first three ids of run {run}"
+        entry = summary(store, text, sources=tuple(ids[:3]))
+        store.put_summary(entry, text)
+        for op, i in ops:
+            if op in ("put", "put_other"):
+                (store if op == "put" else other).put_source(Source(ids[i], "t"), f"text {i}")
+                held.add(ids[i])
+            elif op in ("evict", "evict_other"):
+                (store if op == "evict" else other).evict(ids[i])
+                held.discard(ids[i])
+            elif op == "live":
+                assert store.live(ids[i:]) == held & set(ids[i:])
+            else:
+                asked = ids[i:]
+                found = [entry.digest] if op == "view_found" else []
+                view = store.view(0, 1, found, asked)
+                expected = set(asked) | (set(ids[:3]) if found else set())
+                assert view.live == held & expected, (op, i)
 
     # -- threads --------------------------------------------------------------------------------
 

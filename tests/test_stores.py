@@ -149,6 +149,46 @@ class TestSQLite:
             second.check(out, summarizer="s", enforce=True)
         assert refused.value.dead_sources == ("cfg-1",)
 
+    def test_liveness_cache_starts_over_with_a_new_connection(self, tmp_path: Path) -> None:
+        """A forked child's connection counts data_version from its own start, so liveness
+        cached under the parent's count is dropped: else a source another process evicted
+        meanwhile would still read as live (a wrong allow)."""
+        store = SQLiteStore(tmp_path / "ph.db")
+        store.put_source(Source("s1", "tool_output"), "the original")
+        assert store.live(["s1"]) == {"s1"}
+        assert store.view(0, 1, [], ["s1"]).live == {"s1"}
+        with SQLiteStore(tmp_path / "ph.db") as other:
+            other.evict("s1")
+        store._after_fork()  # what a forked child runs: a new connection, a new lock
+        assert store.live(["s1"]) == frozenset()
+        assert store.view(0, 1, [], ["s1"]).live == frozenset()
+        store.close()
+
+    def test_a_decision_asks_only_the_ids_its_cache_lacks(self, tmp_path: Path) -> None:
+        """While no other connection commits, a view asks SQLite only for ids it has not cached
+        (a rolling chain's k sources are k dictionary reads, not a k-row join); after another
+        connection's commit it asks them all again, in the same one statement."""
+        store = SQLiteStore(tmp_path / "ph.db")
+        ids = [f"s{i}" for i in range(50)]
+        for i in ids:
+            store.put_source(Source(i, "tool_output"), f"text {i}")
+        store._expiry.clear()
+        store._expiry_version = -1
+        asked: list[str] = []
+        store._db.set_trace_callback(asked.append)
+        assert store.view(0, 1, [], ids).live == set(ids)
+        assert store.view(0, 1, [], [*ids, "new"]).live == set(ids)
+        first, second = [s for s in asked if "WITH RECURSIVE" in s]
+        assert """THEN '["s0", "s1",""" in first  # the cache was empty: every id
+        assert """THEN '["new"]'""" in second  # then only the one it lacked
+        with SQLiteStore(tmp_path / "ph.db") as other:
+            other.evict("s7")  # commits: the cache no longer says anything
+        asked.clear()
+        assert store.view(0, 1, [], ids).live == set(ids) - {"s7"}
+        assert """THEN '[]'""" in asked[0]  # nothing missing, but stale: every id was asked
+        assert len([s for s in asked if not s.startswith("-- ")]) == 1
+        store.close()
+
     def test_one_statement_per_liveness_lookup(self, tmp_path: Path) -> None:
         """live() over 1,000 sources is one query (plus the data_version check), and none while
         nothing changed; another connection's eviction is seen at once."""
