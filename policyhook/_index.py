@@ -28,13 +28,18 @@ _BATCH = 32
 _FANOUT = 4
 #: Offsets tried for a unique anchor before sharing one.
 _TRIES = 16
-#: Inputs at least this long are searched in as few passes as pays: the levels under the largest
-#: merge into one (when that build costs less than one more pass), and the batch becomes a small
-#: automaton instead of one `find` per batched text ...
+#: Inputs at least this long are searched in as few passes as pays: every level merges into one
+#: (else the levels under the largest do) when that build costs less than the passes it saves,
+#: and a batch of more than `_FIND_MAX` texts becomes a level first ...
 _LARGE_INPUT = 64 * 1024
 #: ... where building an anchor into an automaton costs about as much as searching this many
-#: input bytes with one (measured with ahocorasick-rs on 32-byte anchors) ...
+#: input bytes with one (measured with ahocorasick-rs on 32-byte anchors: 1,000 anchors build
+#: in 1.9 ms, an NFA searches 4 MB in 31 ms) ...
 _BUILD_BYTES = 256
+#: ... and one `bytes.find` of an anchor costs about a fifteenth of an automaton pass (4 MB:
+#: 1.3 ms, a DFA pass 20 ms), so up to this many anchors (the batch, the smallest levels) are
+#: found with `find`, not with a pass each ...
+_FIND_MAX = 8
 #: ... and DFAs (twice as fast to search, ten times dearer to build) are used for levels whose
 #: build costs at most one pass: `size * _DFA_BUILD_BYTES <= len(input)`.
 _DFA_BUILD_BYTES = 4096
@@ -90,7 +95,6 @@ class Index:
     def __init__(self) -> None:
         self._levels: list[_Level] = []  # largest first
         self._fresh: list[tuple[bytes, Candidate]] = []
-        self._batch: _Level | None = None  # the batch as one automaton, for large inputs
         self._used: dict[bytes, int] = {}  # anchor -> texts using it
         self._digests: set[str] = set()
         self._dropped: set[str] = set()  # digests to leave out at the next merge
@@ -110,7 +114,6 @@ class Index:
         self._used[anchor] = self._used.get(anchor, 0) + 1
         self._digests.add(digest)
         self._fresh.append((anchor, (offset, len(data), digest, data[-_TAIL:])))
-        self._batch = None
         if len(self._fresh) >= _BATCH:
             self._fold()
 
@@ -120,7 +123,7 @@ class Index:
         once discarded texts outnumber live ones, every level is rebuilt without them (memory
         stays within twice the texts indexed)."""
         self._levels.append(_Level(self._fresh, 0))
-        self._fresh, self._batch = [], None
+        self._fresh = []
         while len(self._levels) >= _FANOUT:
             tier = self._levels[-1].tier
             group = self._levels[-_FANOUT:]
@@ -169,13 +172,15 @@ class Index:
         levels = self._levels
         fresh = self._fresh
         if size >= _LARGE_INPUT:
+            if len(fresh) > _FIND_MAX:  # the batch becomes a level: a pass, not many `find`s
+                self._fold()
             self._consolidate(size)
-            levels = self._levels
-            if fresh:  # one pass of a small automaton, not one `find` per batched text
-                if self._batch is None:
-                    self._batch = _Level(fresh, 0)
-                levels = [*levels, self._batch]
-                fresh = []
+            levels, fresh = [], list(self._fresh)
+            for level in sorted(self._levels, key=lambda level: level.size):
+                if len(fresh) + level.size <= _FIND_MAX:  # a few `find`s cost less than a pass
+                    fresh.extend(level.items())
+                else:
+                    levels.append(level)
         dropped = self._dropped
 
         def place(at: int, offset: int, length: int, digest: str, tail: bytes) -> None:
@@ -205,8 +210,17 @@ class Index:
         return found
 
     def _consolidate(self, size: int) -> None:
-        """Before a large input: the levels under the largest merge into one when building it
-        costs less than the passes it saves (each level is one pass over the input)."""
+        """Before a large input: every level merges into one when building it costs less than
+        the passes it saves (each level is one pass over the input), else the levels under the
+        largest do, on the same condition."""
+        if len(self._levels) < 2:
+            return
+        if sum(level.size for level in self._levels) * _BUILD_BYTES <= size * (
+            len(self._levels) - 1
+        ):
+            kept = [i for level in self._levels for i in level.items() if self._keep(i)]
+            self._levels = [_Level(kept, _tier(len(kept)))] if kept else []
+            return
         if len(self._levels) < 3:
             return
         largest = max(self._levels, key=lambda level: level.size)

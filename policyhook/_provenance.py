@@ -589,18 +589,20 @@ class Ledger:
         return found  # a source found since: the caller asks the store (`live`)
 
     def _reading(self, reader: Any, items: list[Region | str]) -> Resolution:
-        """Resolve `items` with recognition reading through `reader` (`_Deferred`, `_Failing`)."""
+        """Resolve `items` with recognition reading through `reader` (`_Deferred`, `_Failing`),
+        without catching up: the view does that (or the store is down)."""
         self._reader = cast(Store, reader)
         try:
-            return self._resolve(items)
+            return self._resolve(items, catch_up=False)
         finally:
             self._reader = self.store
 
-    def _resolve(self, items: list[Region | str]) -> Resolution:
-        try:
-            self._catch_up()
-        except Exception:  # a miss below still asks the store, and fails closed if it cannot
-            _logger.debug("policyhook: store catch-up failed", exc_info=True)
+    def _resolve(self, items: list[Region | str], catch_up: bool = True) -> Resolution:
+        if catch_up:
+            try:
+                self._catch_up()
+            except Exception:  # a miss below still asks the store, and fails closed if it cannot
+                _logger.debug("policyhook: store catch-up failed", exc_info=True)
         secret = self._key
         encoded: list[bytes] = []
         digests: list[str] = []
@@ -685,14 +687,15 @@ class Ledger:
         found, overlapped = self._find(data)
         ascii = len(data) == len(text)  # then byte offsets are character offsets
         for start, end, entry in found:
-            gap = text[cursor:start] if ascii else None
-            self._gap(data[cursor:start], parts, unregistered, key, cursor, gap)
+            if start > cursor:
+                gap = text[cursor:start] if ascii else None
+                self._gap(data[cursor:start], parts, unregistered, key, cursor, gap)
             chars = end - start if ascii else len(data[start:end].decode("utf-8", "surrogatepass"))
             parts.append(self._region(entry, chars, closures))
             cursor = end
         if cursor == 0:
             self._gap(data, parts, unregistered, key, -1, text)  # the whole message
-        else:
+        elif cursor < len(data):
             gap = text[cursor:] if ascii else None
             self._gap(data[cursor:], parts, unregistered, key, cursor, gap)
         # A known text overlapping the end of one found before it is in the input whole too: the

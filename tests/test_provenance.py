@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from policyhook import Guard, MemoryStore, Region, Source, SQLiteStore
-from policyhook._index import _BATCH, Index
+from policyhook import Guard, MemoryStore, Region, Source, SQLiteStore, _index
+from policyhook._index import _BATCH, _LARGE_INPUT, Index
 from policyhook._provenance import Ledger
 from policyhook.testing import capture_decisions
 
@@ -370,6 +374,77 @@ class TestIndexMemory:
         assert held <= 2 * 100 + 2 * _BATCH and len(index._used) <= held
         found = {digest for _, _, digest in index.find(b" | ".join(texts[4800:]))}
         assert found == {f"d{i}" for i in range(4900, 5000)}
+
+
+#: An index's life: add text i, discard text i, or search an input made of some of these texts
+#: or all of them (large: past `_LARGE_INPUT`, where levels merge and small ones are searched
+#: with `find`; or small).
+_INDEX_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.integers(0, 79)),
+        st.tuples(st.just("discard"), st.integers(0, 79)),
+        st.tuples(
+            st.just("find"),
+            st.lists(st.integers(0, 79), max_size=12) | st.just(list(range(80))),
+            st.booleans(),
+        ),
+    ),
+    max_size=300,
+)
+
+
+class TestIndexIncremental:
+    @settings(max_examples=60, deadline=None)
+    @given(
+        first=st.integers(0, 80),
+        ops=_INDEX_OPS,
+        find_max=st.sampled_from([_index._FIND_MAX, 80]),
+    )
+    def test_every_occurrence_is_a_candidate_whatever_the_history(
+        self, first: int, ops: list[tuple[Any, ...]], find_max: int
+    ) -> None:
+        """Whatever adds, discards and searches came before (batches folded, levels merged,
+        small levels searched by `find`: with the shipped bound, and one so high that every
+        level is), every place an indexed text occurs in an input is among the candidates, and
+        no discarded text is: compared with a brute-force search."""
+        adds: list[tuple[Any, ...]] = [("add", i) for i in range(first)]  # levels to start
+        with mock.patch.object(_index, "_FIND_MAX", find_max):
+            self._run(adds + ops)
+
+    def _run(self, ops: list[tuple[Any, ...]]) -> None:
+        texts = [
+            f"known text {i:03}: " + "abcdefghij"[i % 10] * (i % 40) + f" end {i}"
+            for i in range(200)
+        ]
+        data = [t.encode() for t in texts]
+        index, indexed = Index(), set[int]()
+        for op in ops:
+            if op[0] == "add":
+                index.add(data[op[1]], f"d{op[1]}")
+                indexed.add(op[1])
+            elif op[0] == "discard":
+                index.discard(f"d{op[1]}")
+                indexed.discard(op[1])
+            else:
+                _, picked, large = op
+                filler = b" plain words between. " * (_LARGE_INPUT // 22 // 2 + 1 if large else 1)
+                value = filler + filler.join(data[i] for i in picked) + filler
+                expected = {
+                    (at, at + len(data[i]), f"d{i}")
+                    for i in indexed
+                    for at in _occurrences(value, data[i])
+                }
+                got = set(index.find(value))
+                assert expected <= got
+                assert not {d for _, _, d in got} - {f"d{i}" for i in indexed}
+
+
+def _occurrences(haystack: bytes, needle: bytes) -> list[int]:
+    out, at = [], haystack.find(needle)
+    while at != -1:
+        out.append(at)
+        at = haystack.find(needle, at + 1)
+    return out
 
 
 class TestKeyedIds:
