@@ -95,7 +95,7 @@ class Entry:
         """This summary entry recorded again over `earlier` (the same text): provenance only
         grows (union of parents and sources, deepest depth), so no summary resting on the
         earlier record can lose a source by it."""
-        if earlier is None or earlier.depth == 0 or earlier == self:
+        if earlier is None or earlier.depth == 0 or earlier is self or earlier == self:
             return self
         parents = {*self.parents, *earlier.parents}
         parents.discard(self.id)
@@ -503,7 +503,7 @@ class Ledger:
         merged = False
         try:
             stored = self._put_summary(entry, text, facts)
-            merged = stored != entry
+            merged = stored is not entry and stored != entry
             entry = stored
         finally:  # learnt even when the store write fails: recognised in this process still
             with self._lock:
@@ -861,7 +861,9 @@ class Ledger:
     def _remember(self, entry: Entry) -> None:
         """Cache an entry (least recently used out: then the index no longer holds everything)."""
         earlier = self._entries.get(entry.digest)
-        if earlier is not None and earlier != entry:  # merged: it and what rests on it grew
+        if (
+            earlier is not None and earlier is not entry and earlier != entry
+        ):  # merged: it and what rests on it grew
             self._closures.clear()
         self._entries[entry.digest] = entry
         self._entries.move_to_end(entry.digest)
@@ -901,7 +903,9 @@ class Ledger:
             if entry.depth > 0 and entry.window in self._windows:  # a deeper pass elsewhere
                 self._windows[entry.window] = max(self._windows[entry.window], entry.depth)
             cached = self._entries.get(entry.digest)
-            if cached is not None and cached != entry:  # recorded again elsewhere: merged
+            if (
+                cached is not None and cached is not entry and cached != entry
+            ):  # recorded again elsewhere: merged
                 self._remember(entry)
                 changed = True
             if cached is not None and entry.digest in self._index:
