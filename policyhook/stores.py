@@ -18,7 +18,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import replace
-from itertools import compress, filterfalse, repeat
+from itertools import filterfalse
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -313,9 +313,51 @@ class MemoryStore:
             return [(e.region(frozenset(_closure(e.id, self._by_id.get))), t) for e, t in held]
 
 
-def _held(ids: Iterable[str], expiry: dict[str, float], now: float) -> frozenset[str]:
-    """The ids whose cached expiry is still ahead (0: not held), in C loops (k ids of a chain)."""
-    return frozenset(compress(ids, map(now.__lt__, map(expiry.get, ids, repeat(0.0)))))
+class _Liveness:
+    """SQLiteStore's cache of when each source id stops being live, kept as sets so that the
+    liveness of k ids (a rolling chain's) is a few set operations in C, not k Python steps:
+    held with no expiry (`forever`), held until a time (`until`), or not held (the rest of
+    `known`)."""
+
+    __slots__ = ("forever", "known", "until")
+
+    def __init__(self) -> None:
+        self.known: set[str] = set()
+        self.forever: set[str] = set()
+        self.until: dict[str, float] = {}
+
+    def __len__(self) -> int:
+        return len(self.known)
+
+    def clear(self) -> None:
+        self.known.clear()
+        self.forever.clear()
+        self.until.clear()
+
+    def set(self, source_id: str, expires: float) -> None:
+        """`expires`: `_FOREVER`, a unix time, or 0 (not held)."""
+        self.known.add(source_id)
+        if expires == _FOREVER:
+            self.forever.add(source_id)
+            self.until.pop(source_id, None)
+        else:
+            self.forever.discard(source_id)
+            if expires > 0:
+                self.until[source_id] = expires
+            else:
+                self.until.pop(source_id, None)
+
+    def missing(self, ids: Collection[str]) -> list[str]:
+        if self.known.issuperset(ids):  # the usual case, and one C loop
+            return []
+        return list(filterfalse(self.known.__contains__, ids))
+
+    def held(self, ids: Collection[str], now: float) -> frozenset[str]:
+        """Those of `ids` cached as held at `now` (ids not cached are not: ask them first)."""
+        live = self.forever.intersection(ids)
+        if self.until:
+            live.update(i for i in ids if self.until.get(i, 0.0) > now)
+        return frozenset(live)
 
 
 def _closure(summary_id: str, get: Callable[[str], Entry | None]) -> set[str]:
@@ -434,7 +476,7 @@ class SQLiteStore:
         self._head = 0  # highest entry seq this connection has seen or written
         # Liveness cache: id -> time its source stops being live (0: not live), valid while no
         # other connection commits; this connection's own writes update it.
-        self._expiry: dict[str, float] = {}
+        self._expiry = _Liveness()
         self._expiry_version = -1
         self._asking: list[str] = []  # the ids a view asks, for `_asked` (under the lock)
         self._db = self._connect()
@@ -577,7 +619,7 @@ class SQLiteStore:
 
     def _put_source(self, source: Source, text: str) -> None:
         expires = time.time() + self.ttl if self.ttl else None
-        self._expiry[source.id] = _FOREVER if expires is None else expires
+        self._expiry.set(source.id, _FOREVER if expires is None else expires)
         self._db.execute(
             "INSERT OR REPLACE INTO sources (id, kind, text, expires, state) "
             "VALUES (?, ?, ?, ?, 'live')",
@@ -619,7 +661,7 @@ class SQLiteStore:
 
     def evict(self, source_id: str) -> bool:
         with self._lock:
-            self._expiry[source_id] = 0.0
+            self._expiry.set(source_id, 0.0)
             return (
                 self._db.execute(
                     "UPDATE sources SET text = NULL, state = 'evicted' WHERE id = ? "
@@ -636,19 +678,19 @@ class SQLiteStore:
             self._check_file()
             self._check_cache()
             cache = self._expiry
-            missing = list(filterfalse(cache.__contains__, source_ids))
+            missing = cache.missing(source_ids)
             if missing:
                 for i in missing:
-                    cache[i] = 0.0  # not held, unless the query says so
+                    cache.set(i, 0.0)  # not held, unless the query says so
                 for i, state, expires in self._db.execute(
                     "SELECT s.id, s.state, s.expires FROM json_each(?) AS j "
                     "JOIN sources AS s ON s.id = j.value",
                     (json.dumps(missing),),
                 ):
-                    cache[i] = (
-                        (_FOREVER if expires is None else expires) if state == "live" else 0.0
+                    cache.set(
+                        i, (_FOREVER if expires is None else expires) if state == "live" else 0.0
                     )
-            return _held(source_ids, cache, time.time())
+            return cache.held(source_ids, time.time())
 
     def _check_cache(self) -> None:
         """Drop cached liveness when another connection committed (`PRAGMA data_version`)."""
@@ -819,7 +861,7 @@ class SQLiteStore:
                 cache.clear()
                 self._expiry_version = -1
             cached = self._expiry_version
-            missing = ids if cached == -1 else list(filterfalse(cache.__contains__, ids))
+            missing = ids if cached == -1 else cache.missing(ids)
             self._asking = ids
             try:
                 rows = self._db.execute(
@@ -846,9 +888,10 @@ class SQLiteStore:
                 missing = ids
             held = {_text(r[3]): _FOREVER if r[1] is None else r[1] for r in rows if r[0] == "l"}
             for i in missing:
-                cache[i] = 0.0  # not held, unless the statement said so
-            cache.update(held)
-            live = _held(ids, cache, now).union(held)
+                cache.set(i, 0.0)  # not held, unless the statement said so
+            for i, expires in held.items():
+                cache.set(i, expires)
+            live = cache.held(ids, now).union(held)
         entries = {e.digest: e for e in (_entry(r[2:12]) for r in rows if r[0] == "f")}
         rests_on: dict[str, set[str]] = {e.id: set() for e in entries.values() if e.depth > 0}
         for r in rows:
