@@ -138,13 +138,16 @@ class StoreContract:
         assert store.get_source("a") == "new"
 
     def test_ttl_expires_sources(self, make_store: MakeStore) -> None:
-        """A source older than the store's TTL is dead and known as expired."""
+        """A source older than the store's TTL is dead (through `live` and `view`, whatever
+        they cached) and known as expired."""
         store = make_store(ttl=0.2)
         store.put_source(Source("a", "tool_output"), "A")
         assert store.live(["a"]) == {"a"}
+        assert store.view(0, 1, [], ["a"]).live == {"a"}  # (a cache now holds its expiry)
         time.sleep(0.3)
         store.put_source(Source("b", "tool_output"), "B")
         assert store.live(["a", "b"]) == {"b"}
+        assert store.view(0, 1, [], ["a", "b"]).live == {"b"}
         assert store.states(["a", "b"]) == {"a": "expired", "b": "live"}
         assert store.get_source("a") is None
         assert store.evict("a") is False
