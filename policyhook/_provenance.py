@@ -861,9 +861,8 @@ class Ledger:
     def _remember(self, entry: Entry) -> None:
         """Cache an entry (least recently used out: then the index no longer holds everything)."""
         earlier = self._entries.get(entry.digest)
-        if (
-            earlier is not None and earlier is not entry and earlier != entry
-        ):  # merged: it and what rests on it grew
+        grew = earlier is not None and earlier is not entry and earlier != entry
+        if grew:  # merged: it and what rests on it grew
             self._closures.clear()
         self._entries[entry.digest] = entry
         self._entries.move_to_end(entry.digest)
@@ -903,9 +902,8 @@ class Ledger:
             if entry.depth > 0 and entry.window in self._windows:  # a deeper pass elsewhere
                 self._windows[entry.window] = max(self._windows[entry.window], entry.depth)
             cached = self._entries.get(entry.digest)
-            if (
-                cached is not None and cached is not entry and cached != entry
-            ):  # recorded again elsewhere: merged
+            grew = cached is not None and cached is not entry and cached != entry
+            if grew:  # recorded again elsewhere: merged
                 self._remember(entry)
                 changed = True
             if cached is not None and entry.digest in self._index:
