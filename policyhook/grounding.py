@@ -320,10 +320,14 @@ _FACT_RE = re.compile(
 )
 #: Paths are indexed by their last this many components (a deeper mention is cut to them).
 _PATH_DEPTH = 10
-#: Chunks between spaces; a chunk that is a plain word (the bulk of any text) is skipped unless
-#: it is a number or a month, so the fact expression runs only where facts can be.
-_CHUNK_RE = re.compile(r"\S+")
+#: Punctuation around a chunk (a run of non-space characters) that does not make it a fact.
 _PUNCT = "()[]{}<>\"'`,.;:!?*"
+#: Chunks known to be plain words (see _plain_word), so a word seen before costs one set lookup; a
+#: cache, cleared when full (its size, not its contents, is what bounds it).
+_PLAIN: set[str] = set()
+_PLAIN_MAX = 1 << 15
+#: A character a fact can start with (every alternative of _FACT_RE starts with one of them).
+_START_RE = re.compile(r"[\w~./@+#$-]")
 _CONTEXT_RE = re.compile(r"[A-Za-z_$][\w$]*")
 _BREAK_RE = re.compile(r"\n|[.;!?](?=\s)")
 _SENTENCE_ENDS = (". ", "; ", "! ", "? ", ".\t", ";\t")
@@ -361,6 +365,7 @@ _RANGE_JOINS = frozenset(
     ]
 )
 _QUOTE_RE = re.compile(r'"([^"\n]{2,300})"|“([^”\n]{2,300})”|`([^`\n]{2,300})`')
+_SPACE_RE = re.compile(r"\s")
 _ELISION_RE = re.compile(r"\[[^\]]*\]|\.{3,}|…")
 _WORDS_RE = re.compile(r"\w+")
 _TOKEN_RE = re.compile(r"[\w$@]+(?:[-.:][\w$@]+)*")
@@ -368,7 +373,7 @@ _LETTER_DIGIT_RE = re.compile(r"[A-Za-z]+\d+[A-Za-z\d]*")
 _CAMEL_RE = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 
 
-@dataclass(slots=True, unsafe_hash=True)  # not frozen: a frozen __init__ costs 3x on hot paths
+@dataclass(slots=True)  # not frozen: a frozen __init__ costs 3x on hot paths
 class Fact:
     """One checkable fact: its kind, its normalised value, and (for numbers) its context words.
 
@@ -388,6 +393,14 @@ class Fact:
     #: a number that points (`Message 3`, `items 10.1-10.4`, `line 3`, `2.2 R2 Storage`) rather
     #: than counts or measures: a source states it, a summary's own is not checked
     reference: bool = field(default=False, compare=False)
+    #: the hash of (kind, value, context, key), computed once: facts are hashed many times per
+    #: check (deduplicated, looked up, kept or dropped); the fields it covers are never changed
+    _hash: int = field(default=0, init=False, compare=False, repr=False)
+
+    def __hash__(self) -> int:
+        if not self._hash:
+            self._hash = hash((self.kind, self.value, self.context, self.key))
+        return self._hash
 
     def __str__(self) -> str:
         if self.kind == "number" and self.key:
@@ -442,8 +455,11 @@ def _plain(d: Decimal) -> str:
         return str(d)
 
 
+@functools.lru_cache(maxsize=4096)
 def _number(digits: str, unit: str | None) -> tuple[str, str]:
-    """(value with its unit folded to the base unit, the bare number as written, normalised)."""
+    """(value with its unit folded to the base unit, the bare number as written, normalised).
+
+    Cached: the same few numbers and units recur in every text, and Decimal is not cheap."""
     if "/" in digits:
         a, _, b = digits.partition("/")
         bare = f"{_plain(_decimal(a) or Decimal(0))}/{_plain(_decimal(b) or Decimal(0))}"
@@ -474,8 +490,11 @@ def _date(text: str) -> str:
     return f"{m.group(4)}-{_MONTHS.get(m.group(2)[:3].lower(), 0):02d}-{int(day):02d}"
 
 
+_LINE_SUFFIX_RE = re.compile(r":\d+(?::\d+)?$")
+
+
 def _path(text: str) -> str:
-    return re.sub(r":\d+(?::\d+)?$", "", text.rstrip(".,"))
+    return _LINE_SUFFIX_RE.sub("", text.rstrip(".,"))
 
 
 def _url(text: str) -> str:
@@ -539,6 +558,46 @@ def _is_section(text: str, start: int, end: int) -> bool:
     )
 
 
+def _plain_word(chunk: str) -> bool:
+    """Whether a chunk is a plain word no fact starts in: letters only (lower, Capitalized or
+    UPPER) inside punctuation, and neither a word number nor a month; or a lone character."""
+    core = chunk.strip(_PUNCT)
+    if len(core) < 2:
+        return not core.isdigit()
+    if not core.isalpha() or not (core.islower() or core[1:].islower() or core.isupper()):
+        return False
+    low = core.lower()
+    return low not in _WORD_NUMBERS and low[:3] not in _MONTHS
+
+
+def _chunks(text: str) -> Iterator[tuple[int, str]]:
+    """(start, chunk) of every whitespace-separated chunk of `text` that is no plain word.
+
+    `str.split` finds the chunks without a match object each, and a plain word seen before
+    costs one set lookup; only the chunks left are located in the text."""
+    find = text.find
+    size = len(text)
+    at = 0
+    plain = _PLAIN
+    for chunk in text.split():
+        if chunk in plain:
+            continue
+        if _plain_word(chunk):
+            if len(plain) >= _PLAIN_MAX:
+                plain.clear()
+            plain.add(chunk)
+            continue
+        # the next occurrence that is a whole chunk (`march` also occurs in `xmarch`)
+        at = find(chunk, at)
+        n = len(chunk)
+        while (at > 0 and not text[at - 1].isspace()) or (
+            at + n < size and not text[at + n].isspace()
+        ):
+            at = find(chunk, at + 1)
+        yield at, chunk
+        at += n
+
+
 def _scan(text: str) -> Iterator[Fact]:
     """Every fact of `text`, left to right.
 
@@ -549,30 +608,34 @@ def _scan(text: str) -> Iterator[Fact]:
     """
     numbers: list[_Number] = []
     skip_until = 0
-    finditer = _FACT_RE.finditer
+    match = _FACT_RE.match
+    first = _START_RE.search
     size = len(text)
-    for chunk in _CHUNK_RE.finditer(text):
-        start, end = chunk.span()
+    for start, chunk in _chunks(text):
+        end = start + len(chunk)
         if start < skip_until:
             continue
-        raw_chunk = chunk.group()
-        core = raw_chunk.strip(_PUNCT)
-        if len(core) < 2 and not core.isdigit():
-            continue
+        core = chunk.strip(_PUNCT)
         if core.isalpha() and (core.islower() or core[1:].islower() or core.isupper()):
-            low = core.lower()
-            if low in _WORD_NUMBERS:
-                at = start + raw_chunk.find(core)
-                value = str(_WORD_NUMBERS[low])
-                numbers.append((at, at + len(core), core, value, value, False))
-                continue
-            if low[:3] not in _MONTHS or len(low) < 3:
+            n = _WORD_NUMBERS.get(core.lower())
+            if n is not None:  # `seven`; a month goes on to the expression
+                at = start + chunk.find(core)
+                numbers.append((at, at + len(core), core, str(n), str(n), False))
                 continue
         pos = end
-        for m in finditer(text, start, min(size, end + _SPILL)):
-            if m.start() >= end:
+        limit = min(size, end + _SPILL)
+        at = start
+        # the facts starting in the chunk (they may reach past it): the leftmost match at or
+        # after `at`, as a search would find it, without searching on past the chunk's end
+        while at < end:
+            s = first(text, at, end)
+            if s is None:
                 break
-            pos = m.end()
+            m = match(text, s.start(), limit)
+            if m is None:
+                at = s.start() + 1
+                continue
+            at = pos = m.end()
             group = m.lastgroup
             raw = m.group()
             if group == "other" or group == "word":
@@ -633,13 +696,7 @@ def _implied_unit(
 ) -> str:
     """A unitless number's unit when its words give it: `timeout_seconds: 30` is 30 s,
     `5  # seconds` is 5 s, `600 requests per minute` is 10 /s."""
-    d = _decimal(value)
-    if d is None:
-        return value
     rate = _RATE_RE.match(following)
-    if rate:
-        base, factor = _UNITS[rate.group(1).lower()]
-        return f"{_plain(d / factor)} /{base}"
     unit = (
         before[-1][0]
         if before and before[-1][0] in _KEY_UNITS
@@ -647,8 +704,15 @@ def _implied_unit(
         if after and after[0][0] in _KEY_UNITS
         else None
     )
-    if unit is None:
+    if rate is None and unit is None:
+        return value  # the common case, decided without a Decimal
+    d = _decimal(value)
+    if d is None:
         return value
+    if rate:
+        base, factor = _UNITS[rate.group(1).lower()]
+        return f"{_plain(d / factor)} /{base}"
+    assert unit is not None
     base, factor = _KEY_UNITS[unit]
     return f"{_plain(d * factor)} {base}"
 
@@ -774,8 +838,8 @@ def _numbers(text: str, numbers: list[_Number]) -> Iterator[Fact]:
 
 def _quotes(text: str) -> Iterator[Fact]:
     for m in _QUOTE_RE.finditer(text):
-        inner = next(g for g in m.groups() if g is not None)
-        if m.group(3) is not None and not any(c.isspace() for c in inner):
+        inner = m.group(m.lastindex or 0)  # the one of the three forms that matched
+        if m.lastindex == 3 and _SPACE_RE.search(inner) is None:
             continue  # a code span of one token is checked as what it is (identifier, path, …)
         # an elision ("... [full plan] ...") splits a quote into the parts actually quoted
         for part in _ELISION_RE.split(inner):
@@ -1388,14 +1452,15 @@ class _Carried:
     """The facts of an output, looked up by value: which key facts of the sources it kept."""
 
     def __init__(self, facts: Iterable[Fact]) -> None:
-        self.numbers: dict[str, set[str]] = {}
+        self.numbers: dict[str, set[str]] = {}  # context words by value
+        self.bares: dict[str, set[str]] = {}  # and by the number as written
         self.values: set[tuple[str, str]] = set()
         self.hashes: list[str] = []
         for f in facts:
             if f.kind == "number":
                 self.numbers.setdefault(f.value, set()).update(f.context)
                 if f.bare != f.value or f.context:
-                    self.numbers.setdefault("#" + f.bare, set()).update(f.context)
+                    self.bares.setdefault(f.bare, set()).update(f.context)
             elif f.kind == "path":
                 parts = _components(f.value)
                 self.values.update(("path", "/".join(parts[i:])) for i in range(len(parts)))
@@ -1407,7 +1472,7 @@ class _Carried:
     def __contains__(self, fact: Fact) -> bool:
         if fact.kind == "number":
             by_value = self.numbers.get(fact.value)
-            by_bare = self.numbers.get("#" + fact.bare)
+            by_bare = self.bares.get(fact.bare)
             if by_value is None and by_bare is None:
                 return False
             words = (by_value or set()) | (by_bare or set())
