@@ -21,7 +21,9 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import operator
 import re
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
@@ -318,6 +320,16 @@ _FACT_RE = re.compile(
     """,
     re.VERBOSE,
 )
+
+
+@functools.cache
+def _copy_bytes(n: int) -> int:
+    """The size of a copy of a set of `n` members: what FactIndex.trim compacts an id set to
+    (only when it is larger, so a compacted set is not compacted again). Asked for powers of
+    two only, so the cache holds a few dozen sizes."""
+    return sys.getsizeof(set(set(range(n))))
+
+
 #: Paths are indexed by their last this many components (a deeper mention is cut to them).
 _PATH_DEPTH = 10
 #: Punctuation around a chunk (a run of non-space characters) that does not make it a fact.
@@ -325,7 +337,7 @@ _PUNCT = "()[]{}<>\"'`,.;:!?*"
 #: Chunks known to be plain words (see _plain_word), so a word seen before costs one set lookup; a
 #: cache, cleared when full (its size, not its contents, is what bounds it).
 _PLAIN: set[str] = set()
-_PLAIN_MAX = 1 << 15
+_PLAIN_MAX = 1 << 14
 #: A character a fact can start with (every alternative of _FACT_RE starts with one of them).
 _START_RE = re.compile(r"[\w~./@+#$-]")
 _CONTEXT_RE = re.compile(r"[A-Za-z_$][\w$]*")
@@ -427,7 +439,7 @@ def _stem(word: str) -> str:
     return w
 
 
-@functools.lru_cache(maxsize=1 << 16)
+@functools.lru_cache(maxsize=1 << 14)
 def _parts(token: str) -> tuple[str, ...]:
     """Content words of a token: `retry_ceiling` -> retry, ceiling; `maxRetries` -> max, retries."""
     if token.isalpha() and token.islower():
@@ -526,6 +538,28 @@ def _assigned(text: str, start: int) -> bool:
 def _context(segment: str) -> list[tuple[str, str]]:
     """(stem, token as written) of every content word of `segment`."""
     return [(w, tok) for tok in _CONTEXT_RE.findall(segment) for w in _parts(tok)]
+
+
+def _first_context(segment: str, n: int) -> list[tuple[str, str]]:
+    """`_context(segment)[:n]`, without stemming the words after them."""
+    out: list[tuple[str, str]] = []
+    for tok in _CONTEXT_RE.findall(segment):
+        out.extend([(w, tok) for w in _parts(tok)])
+        if len(out) >= n:
+            break
+    return out[:n]
+
+
+def _last_context(segment: str, n: int) -> list[tuple[str, str]]:
+    """`_context(segment)[-n:]`, without stemming the words before them."""
+    out: list[tuple[str, str]] = []
+    for tok in reversed(_CONTEXT_RE.findall(segment)):
+        parts = _parts(tok)
+        if parts:
+            out[:0] = [(w, tok) for w in parts]
+            if len(out) >= n:
+                break
+    return out[-n:] if n else []
 
 
 #: A number found by the scan: start, end, as written, value, bare, whether it names a section.
@@ -799,7 +833,7 @@ def _numbers(text: str, numbers: list[_Number]) -> Iterator[Fact]:
         if i and lo == prev_end:
             split = _SPLIT_RE.search(segment, cut)
             cut = split.end() if split else cut
-        before = _context(segment[cut:])[-_BEFORE:]
+        before = _last_context(segment[cut:], _BEFORE)
         unit = value.partition(" ")[2]
         same = unit == prev_unit or not unit or not prev_unit
         if not before and same and text[prev_end:start] in _RANGE_JOINS:
@@ -812,9 +846,9 @@ def _numbers(text: str, numbers: list[_Number]) -> Iterator[Fact]:
         stop = _BREAK_RE.search(segment)
         if i + 1 < len(numbers) and hi - end <= _WINDOW:
             stop = _SPLIT_RE.search(segment[: stop.start()] if stop else segment) or stop
-        after = _context(segment[: stop.start()] if stop else segment)
+        after = _first_context(segment[: stop.start()] if stop else segment, _AFTER)
         prev_end, prev_before, prev_unit, prev_ref = end, before, unit, reference
-        words = [w for w, _ in before] + [w for w, _ in after[:_AFTER]]
+        words = [w for w, _ in before] + [w for w, _ in after]
         if unit and unit not in _BASES and not unit.startswith("/"):
             words.append(_stem(unit))  # `<32hex>`: a word glued to a number is its context too
         context = frozenset(words)
@@ -850,8 +884,37 @@ def _quotes(text: str) -> Iterator[Fact]:
 
 def extract(text: str) -> tuple[Fact, ...]:
     """The checkable facts of `text`, in order of appearance (each distinct fact once)."""
-    facts = sorted((*_scan(text), *_quotes(text)), key=lambda f: f.start)
-    return tuple(dict.fromkeys(f for f in facts if not f.reference))
+    facts = sorted((*_scan(text), *_quotes(text)), key=_START)
+    return tuple(dict.fromkeys([f for f in facts if not f.reference]))
+
+
+_START = operator.attrgetter("start")
+
+
+def _keys_of(fact: Fact) -> list[str]:
+    """The index keys that find `fact` (FactIndex.sources_of looks them up)."""
+    keys: list[str]
+    if fact.kind == "number":
+        keys = ["n" + fact.value + "\0" + w for w in fact.context]
+        if fact.bare and fact.bare != fact.value:  # stated with a unit
+            keys += ["b" + fact.bare + "\0" + w for w in fact.context]
+            keys.append("v" + fact.value)
+        elif len(fact.value) >= 4 and fact.value.isdigit() and not _TIME.isdisjoint(fact.context):
+            # `AbortSignal.timeout(3000)`, `sleep_ms(1500)`: a duration of 1000 or more with
+            # no unit is, by the convention of most APIs, milliseconds; "3s timeout" is it
+            seconds = _plain(Decimal(fact.value) / 1000)
+            keys += ["n" + seconds + " s\0" + w for w in fact.context]
+    elif fact.kind == "path":
+        # every run of consecutive components, so `lib/x.ts` and `apps/web` are found in
+        # `/home/dev/apps/web/lib/x.ts` with one lookup
+        parts = _components(fact.value)[-_PATH_DEPTH:]
+        n = len(parts)
+        keys = ["p" + "/".join(parts[i:j]) for i in range(n) for j in range(i + 1, n + 1)]
+    else:
+        keys = [fact.kind[0] + ":" + fact.value, "t" + fact.value]
+        if fact.kind == "hash":  # an abbreviated hash is a prefix of the full one
+            keys += ["h:" + fact.value[:n] for n in range(7, len(fact.value))]
+    return keys
 
 
 class FactIndex:
@@ -873,51 +936,66 @@ class FactIndex:
         self._lock = threading.Lock()  # a check may run while another thread records a source
         self._keys: dict[str, set[str]] = {}
         self._assigned: dict[str, list[Fact]] = {}
-        # each indexed source, least recently used first, with the keys it put (to forget it)
-        self._texts: dict[str, list[str]] = {}
-        self._norm: dict[str, str] = {}  # each source's words, lowercased, one space apart
+        # every id that put keys here (an indexed source, or one `add_facts` named), least
+        # recently used first, with the keys it put: what `trim` counts and forgets
+        self._owned: dict[str, set[str]] = {}
+        # each indexed source's words, lowercased, one space apart; its ids are the indexed sources
+        self._norm: dict[str, str] = {}
 
     def __contains__(self, source_id: object) -> bool:
-        return source_id in self._texts
+        return source_id in self._norm
 
     def __len__(self) -> int:
-        return len(self._texts)
+        return len(self._norm)
 
-    def _put(self, key: str, source_id: str) -> None:
-        ids = self._keys.get(key)
-        if ids is None:
-            self._keys[key] = {source_id}
-        else:
-            ids.add(source_id)
-        put = self._texts.get(source_id)
-        if put is not None:
-            put.append(key)
+    def _own(self, source_id: str, keys: Iterable[str]) -> None:
+        """Put `source_id` under each of `keys`, and remember that it did (to forget it)."""
+        owned = self._owned.get(source_id)
+        if owned is None:
+            owned = self._owned[source_id] = set()
+        new = set(keys) - owned
+        owned |= new
+        index = self._keys
+        for key in new:
+            ids = index.get(key)
+            if ids is None:
+                index[key] = {source_id}
+            else:
+                ids.add(source_id)
 
     def trim(self, keep: Collection[str] = ()) -> int:
-        """Forget the least recently used sources beyond `max_sources`, except those in `keep`
-        (the ones a check is using), which become the most recent. Returns how many it forgot."""
+        """Forget the least recently used ids beyond `max_sources`, except those in `keep`
+        (the ones a check is using), which become the most recent. Returns how many it forgot.
+
+        Every key an id put goes with it, and an id set left much larger than its members
+        need is rebuilt (a Python set never shrinks by itself): what the index holds stays
+        proportional to what it keeps, however many sources went through it."""
         with self._lock:
+            owned = self._owned
             for source_id in keep:
-                put = self._texts.pop(source_id, None)
+                put = owned.pop(source_id, None)
                 if put is not None:
-                    self._texts[source_id] = put
+                    owned[source_id] = put
             if self.max_sources is None:
                 return 0
-            excess = len(self._texts) - max(self.max_sources, len(keep))
-            forgotten = list(itertools.islice(self._texts, max(excess, 0)))
+            excess = len(owned) - max(self.max_sources, len(keep))
+            forgotten = list(itertools.islice(owned, max(excess, 0)))
+            index = self._keys
             for source_id in forgotten:
-                for key in self._texts.pop(source_id):
-                    ids = self._keys.get(key)
-                    if ids is not None:
-                        ids.discard(source_id)
-                        if not ids:
-                            del self._keys[key]
+                for key in owned.pop(source_id):
+                    ids = index[key]
+                    ids.discard(source_id)
+                    n = len(ids)
+                    if not n:
+                        del index[key]
+                    elif n & (n - 1) == 0 and sys.getsizeof(ids) > _copy_bytes(n):
+                        index[key] = set(ids)  # shrunk to a power of two, table oversized
                 self._norm.pop(source_id, None)
                 self._assigned.pop(source_id, None)
             return len(forgotten)
 
     def add(self, source_id: str, text: str) -> None:
-        """Index the facts, tokens and word pairs of one source's text."""
+        """Index the facts, tokens and words of one source's text."""
         if not isinstance(source_id, str) or not isinstance(text, str):
             msg = (
                 f"source id and text must be str: {type(source_id).__name__}, {type(text).__name__}"
@@ -927,28 +1005,23 @@ class FactIndex:
             self._add(source_id, text)
 
     def _add(self, source_id: str, text: str) -> None:
-        if source_id in self._texts:
+        if source_id in self._norm:
             return
-        self._texts[source_id] = []
-        put = self._put
-        for token in set(_TOKEN_RE.findall(text)):
-            put("t" + token, source_id)
-            if "." in token:
-                put("t" + token.rsplit(".", 1)[0], source_id)
+        keys = {"t" + token for token in _TOKEN_RE.findall(text)}
+        keys.update(["t" + k[1:].rsplit(".", 1)[0] for k in keys if "." in k])
         words = _WORDS_RE.findall(text)
-        for w in set(words):
-            put("t" + w, source_id)
+        keys.update(["t" + w for w in words])
         lowered = " ".join(words).lower()
-        for w in set(lowered.split()):
-            put("w" + w, source_id)
+        keys.update(["w" + w for w in lowered.split()])
         self._norm[source_id] = " " + lowered + " "
         assigned = []
         for fact in _scan(text):
-            self._add_fact(fact, (source_id,))
+            keys.update(_keys_of(fact))
             if (fact.kind == "number" and fact.assigned) or fact.kind in _KEY_KINDS:
                 assigned.append(fact)
         for fact in _counts(text):  # what a source states by its shape: lines, list items
-            self._add_fact(fact, (source_id,))
+            keys.update(_keys_of(fact))
+        self._own(source_id, keys)
         if assigned:
             self._assigned[source_id] = assigned
 
@@ -958,36 +1031,13 @@ class FactIndex:
             self._add_facts(facts)
 
     def _add_facts(self, facts: Iterable[tuple[Fact, Collection[str]]]) -> None:
+        by_id: dict[str, list[str]] = {}
         for fact, ids in facts:
-            self._add_fact(fact, ids)
-
-    def _add_fact(self, fact: Fact, ids: Collection[str]) -> None:
-        keys: list[str]
-        if fact.kind == "number":
-            keys = ["n" + fact.value + "\0" + w for w in fact.context]
-            if fact.bare and fact.bare != fact.value:  # stated with a unit
-                keys += ["b" + fact.bare + "\0" + w for w in fact.context]
-                keys.append("v" + fact.value)
-            elif (
-                len(fact.value) >= 4 and fact.value.isdigit() and not _TIME.isdisjoint(fact.context)
-            ):
-                # `AbortSignal.timeout(3000)`, `sleep_ms(1500)`: a duration of 1000 or more with
-                # no unit is, by the convention of most APIs, milliseconds; "3s timeout" is it
-                seconds = _plain(Decimal(fact.value) / 1000)
-                keys += ["n" + seconds + " s\0" + w for w in fact.context]
-        elif fact.kind == "path":
-            # every run of consecutive components, so `lib/x.ts` and `apps/web` are found in
-            # `/home/dev/apps/web/lib/x.ts` with one lookup
-            parts = _components(fact.value)[-_PATH_DEPTH:]
-            n = len(parts)
-            keys = ["p" + "/".join(parts[i:j]) for i in range(n) for j in range(i + 1, n + 1)]
-        else:
-            keys = [fact.kind[0] + ":" + fact.value, "t" + fact.value]
-            if fact.kind == "hash":  # an abbreviated hash is a prefix of the full one
-                keys += ["h:" + fact.value[:n] for n in range(7, len(fact.value))]
-        for key in keys:
+            keys = _keys_of(fact)
             for sid in ids:
-                self._put(key, sid)
+                by_id.setdefault(sid, []).extend(keys)
+        for sid, keys in by_id.items():
+            self._own(sid, keys)
 
     def sources_of(self, fact: Fact) -> frozenset[str]:
         """Ids of the indexed sources that state `fact` (live or not)."""
@@ -1286,10 +1336,14 @@ def check(
     pinned: Iterable[str] = (),
     judge: Judge | None = None,
     threshold: float = 0.5,
+    scope: Collection[str] | None = None,
 ) -> Grounding:
     """Map every fact of `output` to the live sources of `index` that state it.
 
     `live`: the source ids the store can still give back (None: every indexed source).
+    `scope`: the only ids that may state a fact at all, live or dead (the sources the input
+    rests on); a fact that only other indexed sources state is ungrounded, not unverifiable, so
+    what a shared index happens to hold from other calls changes no finding. None: every id.
     `carried`: the recorded provenance of the summaries in the input; a fact of the output that
     only an earlier summary stated inherits that summary's sources for it.
     `pinned`: texts whose facts the output must keep (reported as dropped when it does not).
@@ -1303,7 +1357,7 @@ def check(
         raise TypeError(msg)
     facts = extract(output)
     with index._lock:
-        found = _check(facts, index, live, carried, pinned)
+        found = _check(facts, index, live, carried, pinned, scope)
         if judge is None:
             return found
         claims = tuple(_unsupported(output, index, live, judge, threshold))
@@ -1326,7 +1380,7 @@ def _unsupported(
     output: str, index: FactIndex, live: Collection[str] | None, judge: Judge, threshold: float
 ) -> Iterator[Fact]:
     """The sentences of `output` no live passage supports, as `claim` facts."""
-    live_ids = index._texts.keys() if live is None else set(live) & index._texts.keys()
+    live_ids = index._norm.keys() if live is None else set(live) & index._norm.keys()
     for m in _SENTENCE_RE.finditer(output):
         sentence = m.group().strip()
         words = [w for w in _WORDS_RE.findall(sentence.lower()) if w not in _STOP and len(w) > 2]
@@ -1412,8 +1466,10 @@ def _check(
     live: Collection[str] | None,
     carried: FactIndex | None,
     pinned: Iterable[str],
+    scope: Collection[str] | None = None,
 ) -> Grounding:
     live_set = None if live is None else live if isinstance(live, (set, frozenset)) else set(live)
+    in_scope = None if scope is None else frozenset(scope)
     sources: dict[Fact, frozenset[str]] = {}
     dead: dict[Fact, frozenset[str]] = {}
     unverifiable: list[Fact] = []
@@ -1422,6 +1478,8 @@ def _check(
         ids = index.sources_of(fact)
         if carried is not None:
             ids = ids | carried.sources_of(fact)
+        if in_scope is not None:
+            ids = ids & in_scope
         alive = ids if live_set is None else ids & live_set
         if alive:
             sources[fact] = alive
@@ -1430,7 +1488,7 @@ def _check(
             unverifiable.append(fact)
         else:
             ungrounded.append(fact)
-    live_ids = index._texts.keys() if live_set is None else live_set
+    live_ids = index._owned.keys() if live_set is None else live_set
     assigned = index._assigned
     key_facts = [f for sid in live_ids for f in assigned.get(sid, ())]
     for text in pinned:
