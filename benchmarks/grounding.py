@@ -235,13 +235,76 @@ def accuracy() -> None:
     print()
 
 
+def memory(quick: bool) -> None:
+    """The guard's grounding memory over a long agent loop: what tracemalloc sees allocated,
+    and kept, in policyhook/grounding.py per 100k calls once the fact index is full, beside the
+    whole guard's growth (its ledger and store keep their own) and the index's entries."""
+    import itertools
+    import random
+    import tracemalloc
+
+    from policyhook import Guard
+    from policyhook.stores import MemoryStore
+
+    bound = 256 if quick else 1024
+    calls = 8 * bound
+    rng = random.Random(17)
+    vocabulary = ["retry", "ceiling", "config", "tool", "output", "user", "turn", "window"]
+
+    def turn(i: int) -> str:
+        said = (rng.choice(vocabulary) + str(rng.randrange(1000)) for _ in range(40))
+        return f"turn {i}: timeout_ms: {i % 5000} " + " ".join(said)
+
+    guard = Guard(store=MemoryStore(max_sources=1024), max_fact_sources=bound)
+    counter = itertools.count()
+    summarize = guard(lambda messages: f"summary {next(counter)}: " + "x" * 400, summarizer="b")
+    turns = [turn(i) for i in range(calls)]
+    marks: list[tuple[int, int, int, tracemalloc.Snapshot]] = []
+    tracemalloc.start()
+    for i, text in enumerate(turns):
+        guard.record_source(text, kind="user_turn")
+        summarize([text])
+        if i + 1 in (calls // 2, calls):
+            index = guard._facts
+            entries = sum(len(ids) for ids in index._keys.values())
+            marks.append((i + 1, len(index._keys), entries, tracemalloc.take_snapshot()))
+    tracemalloc.stop()
+    guard.close()
+    (n0, keys0, entries0, before), (n1, keys1, entries1, after) = marks
+    per = 100_000 / (n1 - n0)
+    total = sum(d.size_diff for d in after.compare_to(before, "filename")) * per
+    only = [tracemalloc.Filter(True, "*/policyhook/grounding.py")]
+    ours = sum(
+        d.size_diff
+        for d in after.filter_traces(only).compare_to(before.filter_traces(only), "filename")
+    )
+    print(f"## Memory: a guard over MemoryStore(max_sources=1,024), max_fact_sources={bound:,}\n")
+    print(f"{calls:,} calls (a new 40-word turn recorded, a 400-char summary); growth over calls")
+    print(f"{n0:,} to {n1:,}, the index full since call {bound:,} (tracemalloc).\n")
+    print("| what | calls " + f"{n0:,} | calls {n1:,} | per 100k calls |")
+    print("|---|---:|---:|---:|")
+    print(f"| index keys | {keys0:,} | {keys1:,} | |")
+    print(f"| index entries (source ids under the keys) | {entries0:,} | {entries1:,} | |")
+    print(f"| allocated in policyhook/grounding.py | | | {ours * per / 1e6:+.1f} MB |")
+    print(f"| the whole guard (ledger and store included) | | | {total / 1e6:+.1f} MB |")
+    print()
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument(
+        "--only", choices=("speed", "accuracy", "memory"), action="append", help="these sections"
+    )
     args = parser.parse_args(argv)
+    sections = args.only or ("speed", "accuracy", "memory")
     print(f"Python {sys.version.split()[0]}\n")
-    speed(args.quick)
-    accuracy()
+    if "speed" in sections:
+        speed(args.quick)
+    if "accuracy" in sections:
+        accuracy()
+    if "memory" in sections:
+        memory(args.quick)
     return 0
 
 

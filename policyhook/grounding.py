@@ -1493,8 +1493,8 @@ def _check(
     key_facts = [f for sid in live_ids for f in assigned.get(sid, ())]
     for text in pinned:
         key_facts.extend(extract(text))
-    kept = _Carried(facts)
-    dropped = tuple(dict.fromkeys(f for f in key_facts if f not in kept))
+    kept = _Carried(facts).__contains__
+    dropped = tuple(dict.fromkeys([f for f in key_facts if not kept(f)]))
     return Grounding(
         facts=facts,
         sources=sources,
