@@ -334,9 +334,10 @@ def _copy_bytes(n: int) -> int:
 _PATH_DEPTH = 10
 #: Punctuation around a chunk (a run of non-space characters) that does not make it a fact.
 _PUNCT = "()[]{}<>\"'`,.;:!?*"
-#: Chunks known to be plain words (see _plain_word), so a word seen before costs one set lookup; a
-#: cache, cleared when full (its size, not its contents, is what bounds it).
+#: Chunks known to be plain words (see _plain_word) and chunks known not to be, so a chunk seen
+#: before costs one set lookup; caches, each cleared when full (a size, not contents, bounds them).
 _PLAIN: set[str] = set()
+_NOT_PLAIN: set[str] = set()
 _PLAIN_MAX = 1 << 14
 #: A character a fact can start with (every alternative of _FACT_RE starts with one of them).
 _START_RE = re.compile(r"[\w~./@+#$-]")
@@ -604,23 +605,25 @@ def _plain_word(chunk: str) -> bool:
     return low not in _WORD_NUMBERS and low[:3] not in _MONTHS
 
 
-def _chunks(text: str) -> Iterator[tuple[int, str]]:
+def _chunks(text: str) -> list[tuple[int, str]]:
     """(start, chunk) of every whitespace-separated chunk of `text` that is no plain word.
 
-    `str.split` finds the chunks without a match object each, and a plain word seen before
-    costs one set lookup; only the chunks left are located in the text."""
+    `str.split` finds the chunks without a match object each, and a chunk seen before costs
+    one set lookup; only the chunks left are located in the text."""
+    plain = _PLAIN
     find = text.find
     size = len(text)
     at = 0
-    plain = _PLAIN
-    for chunk in text.split():
-        if chunk in plain:
-            continue
-        if _plain_word(chunk):
-            if len(plain) >= _PLAIN_MAX:
-                plain.clear()
-            plain.add(chunk)
-            continue
+    out = []
+    other = _NOT_PLAIN
+    for chunk in [c for c in text.split() if c not in plain]:
+        if chunk not in other:
+            known = plain if _plain_word(chunk) else other
+            if len(known) >= _PLAIN_MAX:
+                known.clear()
+            known.add(chunk)
+            if known is plain:
+                continue
         # the next occurrence that is a whole chunk (`march` also occurs in `xmarch`)
         at = find(chunk, at)
         n = len(chunk)
@@ -628,8 +631,9 @@ def _chunks(text: str) -> Iterator[tuple[int, str]]:
             at + n < size and not text[at + n].isspace()
         ):
             at = find(chunk, at + 1)
-        yield at, chunk
+        out.append((at, chunk))
         at += n
+    return out
 
 
 def _scan(text: str) -> Iterator[Fact]:
@@ -1493,8 +1497,19 @@ def _check(
     key_facts = [f for sid in live_ids for f in assigned.get(sid, ())]
     for text in pinned:
         key_facts.extend(extract(text))
-    kept = _Carried(facts).__contains__
-    dropped = tuple(dict.fromkeys([f for f in key_facts if not kept(f)]))
+    kept = _Carried(facts)
+    values, bares, contains = kept.numbers, kept.bares, kept.__contains__
+    dropped = tuple(
+        dict.fromkeys(
+            [
+                f
+                for f in key_facts
+                # a number whose value the output never states is dropped without a lookup
+                if (f.kind == "number" and f.value not in values and f.bare not in bares)
+                or not contains(f)
+            ]
+        )
+    )
     return Grounding(
         facts=facts,
         sources=sources,
