@@ -338,7 +338,7 @@ _PUNCT = "()[]{}<>\"'`,.;:!?*"
 #: before costs one set lookup; caches, each cleared when full (a size, not contents, bounds them).
 _PLAIN: set[str] = set()
 _NOT_PLAIN: set[str] = set()
-_PLAIN_MAX = 1 << 14
+_PLAIN_MAX = 1 << 12
 #: A character a fact can start with (every alternative of _FACT_RE starts with one of them).
 _START_RE = re.compile(r"[\w~./@+#$-]")
 _CONTEXT_RE = re.compile(r"[A-Za-z_$][\w$]*")
