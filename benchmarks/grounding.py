@@ -302,6 +302,10 @@ def memory(quick: bool) -> None:
     print(f"| index entries (source ids under the keys) | {entries0:,} | {entries1:,} | |")
     print(f"| allocated in policyhook/grounding.py | | | {ours * per / 1e6:+.1f} MB |")
     print(f"| the whole guard (ledger and store included) | | | {total / 1e6:+.1f} MB |")
+    by_file = after.compare_to(before, "filename")
+    for d in sorted(by_file, key=lambda d: -d.size_diff)[:4]:
+        name = d.traceback[0].filename.rsplit("/policyhook/", 1)[-1]
+        print(f"| of which allocated in {name} | | | {d.size_diff * per / 1e6:+.1f} MB |")
     print()
 
 
