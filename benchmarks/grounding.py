@@ -48,6 +48,17 @@ def measure(fn: Callable[[], object], repeat: int) -> list[float]:
     return samples
 
 
+def cpu_ms(fn: Callable[[], object], repeat: int) -> float:
+    """Median CPU time of `repeat` calls in milliseconds (thread time: what the neighbours of a
+    shared machine take is not counted, as it is in wall time)."""
+    samples = []
+    for _ in range(repeat):
+        start = time.thread_time_ns()
+        fn()
+        samples.append((time.thread_time_ns() - start) / 1e6)
+    return statistics.median(samples)
+
+
 def row(name: str, samples: list[float], base: float | None = None) -> str:
     ordered = sorted(samples)
     p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
@@ -173,12 +184,16 @@ def speed(quick: bool) -> None:
         print(f"| {len(part):,} | " + " | ".join(f"{c:,.0f}" for c in cells) + " |")
     print()
     print("### Indexing the sources (once per source, when it is recorded)\n")
-    print("| sources | median ms | KB per ms |")
-    print("|---:|---:|---:|")
+    print("| sources | median ms | KB per ms | median CPU ms | KB per CPU ms |")
+    print("|---:|---:|---:|---:|---:|")
     for size in sizes:
         chunk = take(history, size)
         ms = statistics.median(measure(functools.partial(indexed, chunk), 3 if quick else 7)) / 1000
-        print(f"| {size // 1000} KB | {ms:,.1f} | {size / 1000 / ms:.2f} |")
+        cpu = cpu_ms(functools.partial(indexed, chunk), 3 if quick else 7)
+        print(
+            f"| {size // 1000} KB | {ms:,.1f} | {size / 1000 / ms:.2f} | {cpu:,.1f} "
+            f"| {size / 1000 / cpu:.2f} |"
+        )
     print()
 
 
@@ -235,13 +250,80 @@ def accuracy() -> None:
     print()
 
 
+def memory(quick: bool) -> None:
+    """The guard's grounding memory over a long agent loop: what tracemalloc sees allocated,
+    and kept, in policyhook/grounding.py per 100k calls once the fact index is full, beside the
+    whole guard's growth (its ledger and store keep their own) and the index's entries."""
+    import itertools
+    import random
+    import tracemalloc
+
+    from policyhook import Guard
+    from policyhook.stores import MemoryStore
+
+    bound = 256 if quick else 1024
+    calls = 16 * bound  # the second half starts well past the bound and the caches' warm-up
+    rng = random.Random(17)
+    vocabulary = ["retry", "ceiling", "config", "tool", "output", "user", "turn", "window"]
+
+    def turn(i: int) -> str:
+        said = (rng.choice(vocabulary) + str(rng.randrange(1000)) for _ in range(40))
+        return f"turn {i}: timeout_ms: {i % 5000} " + " ".join(said)
+
+    guard = Guard(store=MemoryStore(max_sources=1024), max_fact_sources=bound)
+    counter = itertools.count()
+    summarize = guard(lambda messages: f"summary {next(counter)}: " + "x" * 400, summarizer="b")
+    turns = [turn(i) for i in range(calls)]
+    marks: list[tuple[int, int, int, tracemalloc.Snapshot]] = []
+    tracemalloc.start()
+    for i, text in enumerate(turns):
+        guard.record_source(text, kind="user_turn")
+        summarize([text])
+        if i + 1 in (calls // 2, calls):
+            index = guard._facts
+            entries = sum(len(ids) for ids in index._keys.values())
+            marks.append((i + 1, len(index._keys), entries, tracemalloc.take_snapshot()))
+    tracemalloc.stop()
+    guard.close()
+    (n0, keys0, entries0, before), (n1, keys1, entries1, after) = marks
+    per = 100_000 / (n1 - n0)
+    total = sum(d.size_diff for d in after.compare_to(before, "filename")) * per
+    only = [tracemalloc.Filter(True, "*/policyhook/grounding.py")]
+    ours = sum(
+        d.size_diff
+        for d in after.filter_traces(only).compare_to(before.filter_traces(only), "filename")
+    )
+    print(f"## Memory: a guard over MemoryStore(max_sources=1,024), max_fact_sources={bound:,}\n")
+    print(f"{calls:,} calls (a new 40-word turn recorded, a 400-char summary); growth over calls")
+    print(f"{n0:,} to {n1:,}, the index full since call {bound:,} (tracemalloc).\n")
+    print("| what | calls " + f"{n0:,} | calls {n1:,} | per 100k calls |")
+    print("|---|---:|---:|---:|")
+    print(f"| index keys | {keys0:,} | {keys1:,} | |")
+    print(f"| index entries (source ids under the keys) | {entries0:,} | {entries1:,} | |")
+    print(f"| allocated in policyhook/grounding.py | | | {ours * per / 1e6:+.1f} MB |")
+    print(f"| the whole guard (ledger and store included) | | | {total / 1e6:+.1f} MB |")
+    by_file = after.compare_to(before, "filename")
+    for d in sorted(by_file, key=lambda d: -d.size_diff)[:4]:
+        name = d.traceback[0].filename.rsplit("/policyhook/", 1)[-1]
+        print(f"| of which allocated in {name} | | | {d.size_diff * per / 1e6:+.1f} MB |")
+    print()
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument(
+        "--only", choices=("speed", "accuracy", "memory"), action="append", help="these sections"
+    )
     args = parser.parse_args(argv)
+    sections = args.only or ("speed", "accuracy", "memory")
     print(f"Python {sys.version.split()[0]}\n")
-    speed(args.quick)
-    accuracy()
+    if "speed" in sections:
+        speed(args.quick)
+    if "accuracy" in sections:
+        accuracy()
+    if "memory" in sections:
+        memory(args.quick)
     return 0
 
 

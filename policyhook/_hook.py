@@ -783,6 +783,10 @@ class Guard:
             return output
         texts = _texts(output)
         live = set(call._activation["region"]["live_sources"])
+        # what the input rests on: only these may state a fact, not whatever else the
+        # process-wide index holds from other calls (that would make an invented number
+        # unverifiable instead of ungrounded, and a finding depend on the cache)
+        scope = live | set(call._activation["region"]["sources"])
         try:  # per-fact provenance of the input's summaries, recorded by any process
             recorded = self.store.facts(call._resolution.summaries)
             carried = grounding.carried(r for facts in recorded.values() for r in facts)
@@ -802,7 +806,8 @@ class Guard:
             for source_id, text in call._resolution.unregistered:  # the input's own new content
                 self._facts.add(source_id, text)
                 live.add(source_id)
-            found = grounding.check(written, self._facts, live, carried=carried)
+                scope.add(source_id)
+            found = grounding.check(written, self._facts, live, carried=carried, scope=scope)
             self._facts.trim(keep=live)
         call.grounding = found
         activation = {**call._activation, "summary": schema.summary(found.summary())}

@@ -21,7 +21,9 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import operator
 import re
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
@@ -318,12 +320,27 @@ _FACT_RE = re.compile(
     """,
     re.VERBOSE,
 )
+
+
+@functools.cache
+def _copy_bytes(n: int) -> int:
+    """The size of a copy of a set of `n` members: what FactIndex.trim compacts an id set to
+    (only when it is larger, so a compacted set is not compacted again). Asked for powers of
+    two only, so the cache holds a few dozen sizes."""
+    return sys.getsizeof(set(set(range(n))))
+
+
 #: Paths are indexed by their last this many components (a deeper mention is cut to them).
 _PATH_DEPTH = 10
-#: Chunks between spaces; a chunk that is a plain word (the bulk of any text) is skipped unless
-#: it is a number or a month, so the fact expression runs only where facts can be.
-_CHUNK_RE = re.compile(r"\S+")
+#: Punctuation around a chunk (a run of non-space characters) that does not make it a fact.
 _PUNCT = "()[]{}<>\"'`,.;:!?*"
+#: Chunks known to be plain words (see _plain_word) and chunks known not to be, so a chunk seen
+#: before costs one set lookup; caches, each cleared when full (a size, not contents, bounds them).
+_PLAIN: set[str] = set()
+_NOT_PLAIN: set[str] = set()
+_PLAIN_MAX = 1 << 12
+#: A character a fact can start with (every alternative of _FACT_RE starts with one of them).
+_START_RE = re.compile(r"[\w~./@+#$-]")
 _CONTEXT_RE = re.compile(r"[A-Za-z_$][\w$]*")
 _BREAK_RE = re.compile(r"\n|[.;!?](?=\s)")
 _SENTENCE_ENDS = (". ", "; ", "! ", "? ", ".\t", ";\t")
@@ -361,6 +378,7 @@ _RANGE_JOINS = frozenset(
     ]
 )
 _QUOTE_RE = re.compile(r'"([^"\n]{2,300})"|“([^”\n]{2,300})”|`([^`\n]{2,300})`')
+_SPACE_RE = re.compile(r"\s")
 _ELISION_RE = re.compile(r"\[[^\]]*\]|\.{3,}|…")
 _WORDS_RE = re.compile(r"\w+")
 _TOKEN_RE = re.compile(r"[\w$@]+(?:[-.:][\w$@]+)*")
@@ -368,7 +386,7 @@ _LETTER_DIGIT_RE = re.compile(r"[A-Za-z]+\d+[A-Za-z\d]*")
 _CAMEL_RE = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 
 
-@dataclass(slots=True, unsafe_hash=True)  # not frozen: a frozen __init__ costs 3x on hot paths
+@dataclass(slots=True)  # not frozen: a frozen __init__ costs 3x on hot paths
 class Fact:
     """One checkable fact: its kind, its normalised value, and (for numbers) its context words.
 
@@ -388,6 +406,14 @@ class Fact:
     #: a number that points (`Message 3`, `items 10.1-10.4`, `line 3`, `2.2 R2 Storage`) rather
     #: than counts or measures: a source states it, a summary's own is not checked
     reference: bool = field(default=False, compare=False)
+    #: the hash of (kind, value, context, key), computed once: facts are hashed many times per
+    #: check (deduplicated, looked up, kept or dropped); the fields it covers are never changed
+    _hash: int = field(default=0, init=False, compare=False, repr=False)
+
+    def __hash__(self) -> int:
+        if not self._hash:
+            self._hash = hash((self.kind, self.value, self.context, self.key))
+        return self._hash
 
     def __str__(self) -> str:
         if self.kind == "number" and self.key:
@@ -414,7 +440,7 @@ def _stem(word: str) -> str:
     return w
 
 
-@functools.lru_cache(maxsize=1 << 16)
+@functools.lru_cache(maxsize=1 << 14)
 def _parts(token: str) -> tuple[str, ...]:
     """Content words of a token: `retry_ceiling` -> retry, ceiling; `maxRetries` -> max, retries."""
     if token.isalpha() and token.islower():
@@ -442,8 +468,11 @@ def _plain(d: Decimal) -> str:
         return str(d)
 
 
+@functools.lru_cache(maxsize=4096)
 def _number(digits: str, unit: str | None) -> tuple[str, str]:
-    """(value with its unit folded to the base unit, the bare number as written, normalised)."""
+    """(value with its unit folded to the base unit, the bare number as written, normalised).
+
+    Cached: the same few numbers and units recur in every text, and Decimal is not cheap."""
     if "/" in digits:
         a, _, b = digits.partition("/")
         bare = f"{_plain(_decimal(a) or Decimal(0))}/{_plain(_decimal(b) or Decimal(0))}"
@@ -474,8 +503,11 @@ def _date(text: str) -> str:
     return f"{m.group(4)}-{_MONTHS.get(m.group(2)[:3].lower(), 0):02d}-{int(day):02d}"
 
 
+_LINE_SUFFIX_RE = re.compile(r":\d+(?::\d+)?$")
+
+
 def _path(text: str) -> str:
-    return re.sub(r":\d+(?::\d+)?$", "", text.rstrip(".,"))
+    return _LINE_SUFFIX_RE.sub("", text.rstrip(".,"))
 
 
 def _url(text: str) -> str:
@@ -509,6 +541,28 @@ def _context(segment: str) -> list[tuple[str, str]]:
     return [(w, tok) for tok in _CONTEXT_RE.findall(segment) for w in _parts(tok)]
 
 
+def _first_context(segment: str, n: int) -> list[tuple[str, str]]:
+    """`_context(segment)[:n]`, without stemming the words after them."""
+    out: list[tuple[str, str]] = []
+    for tok in _CONTEXT_RE.findall(segment):
+        out.extend([(w, tok) for w in _parts(tok)])
+        if len(out) >= n:
+            break
+    return out[:n]
+
+
+def _last_context(segment: str, n: int) -> list[tuple[str, str]]:
+    """`_context(segment)[-n:]`, without stemming the words before them."""
+    out: list[tuple[str, str]] = []
+    for tok in reversed(_CONTEXT_RE.findall(segment)):
+        parts = _parts(tok)
+        if parts:
+            out[:0] = [(w, tok) for w in parts]
+            if len(out) >= n:
+                break
+    return out[-n:] if n else []
+
+
 #: A number found by the scan: start, end, as written, value, bare, whether it names a section.
 _Number = tuple[int, int, str, str, str, bool]
 
@@ -539,6 +593,49 @@ def _is_section(text: str, start: int, end: int) -> bool:
     )
 
 
+def _plain_word(chunk: str) -> bool:
+    """Whether a chunk is a plain word no fact starts in: letters only (lower, Capitalized or
+    UPPER) inside punctuation, and neither a word number nor a month; or a lone character."""
+    core = chunk.strip(_PUNCT)
+    if len(core) < 2:
+        return not core.isdigit()
+    if not core.isalpha() or not (core.islower() or core[1:].islower() or core.isupper()):
+        return False
+    low = core.lower()
+    return low not in _WORD_NUMBERS and low[:3] not in _MONTHS
+
+
+def _chunks(text: str) -> list[tuple[int, str]]:
+    """(start, chunk) of every whitespace-separated chunk of `text` that is no plain word.
+
+    `str.split` finds the chunks without a match object each, and a chunk seen before costs
+    one set lookup; only the chunks left are located in the text."""
+    plain = _PLAIN
+    find = text.find
+    size = len(text)
+    at = 0
+    out = []
+    other = _NOT_PLAIN
+    for chunk in [c for c in text.split() if c not in plain]:
+        if chunk not in other:
+            known = plain if _plain_word(chunk) else other
+            if len(known) >= _PLAIN_MAX:
+                known.clear()
+            known.add(chunk)
+            if known is plain:
+                continue
+        # the next occurrence that is a whole chunk (`march` also occurs in `xmarch`)
+        at = find(chunk, at)
+        n = len(chunk)
+        while (at > 0 and not text[at - 1].isspace()) or (
+            at + n < size and not text[at + n].isspace()
+        ):
+            at = find(chunk, at + 1)
+        out.append((at, chunk))
+        at += n
+    return out
+
+
 def _scan(text: str) -> Iterator[Fact]:
     """Every fact of `text`, left to right.
 
@@ -549,30 +646,34 @@ def _scan(text: str) -> Iterator[Fact]:
     """
     numbers: list[_Number] = []
     skip_until = 0
-    finditer = _FACT_RE.finditer
+    match = _FACT_RE.match
+    first = _START_RE.search
     size = len(text)
-    for chunk in _CHUNK_RE.finditer(text):
-        start, end = chunk.span()
+    for start, chunk in _chunks(text):
+        end = start + len(chunk)
         if start < skip_until:
             continue
-        raw_chunk = chunk.group()
-        core = raw_chunk.strip(_PUNCT)
-        if len(core) < 2 and not core.isdigit():
-            continue
+        core = chunk.strip(_PUNCT)
         if core.isalpha() and (core.islower() or core[1:].islower() or core.isupper()):
-            low = core.lower()
-            if low in _WORD_NUMBERS:
-                at = start + raw_chunk.find(core)
-                value = str(_WORD_NUMBERS[low])
-                numbers.append((at, at + len(core), core, value, value, False))
-                continue
-            if low[:3] not in _MONTHS or len(low) < 3:
+            n = _WORD_NUMBERS.get(core.lower())
+            if n is not None:  # `seven`; a month goes on to the expression
+                at = start + chunk.find(core)
+                numbers.append((at, at + len(core), core, str(n), str(n), False))
                 continue
         pos = end
-        for m in finditer(text, start, min(size, end + _SPILL)):
-            if m.start() >= end:
+        limit = min(size, end + _SPILL)
+        at = start
+        # the facts starting in the chunk (they may reach past it): the leftmost match at or
+        # after `at`, as a search would find it, without searching on past the chunk's end
+        while at < end:
+            s = first(text, at, end)
+            if s is None:
                 break
-            pos = m.end()
+            m = match(text, s.start(), limit)
+            if m is None:
+                at = s.start() + 1
+                continue
+            at = pos = m.end()
             group = m.lastgroup
             raw = m.group()
             if group == "other" or group == "word":
@@ -633,13 +734,7 @@ def _implied_unit(
 ) -> str:
     """A unitless number's unit when its words give it: `timeout_seconds: 30` is 30 s,
     `5  # seconds` is 5 s, `600 requests per minute` is 10 /s."""
-    d = _decimal(value)
-    if d is None:
-        return value
     rate = _RATE_RE.match(following)
-    if rate:
-        base, factor = _UNITS[rate.group(1).lower()]
-        return f"{_plain(d / factor)} /{base}"
     unit = (
         before[-1][0]
         if before and before[-1][0] in _KEY_UNITS
@@ -647,8 +742,15 @@ def _implied_unit(
         if after and after[0][0] in _KEY_UNITS
         else None
     )
-    if unit is None:
+    if rate is None and unit is None:
+        return value  # the common case, decided without a Decimal
+    d = _decimal(value)
+    if d is None:
         return value
+    if rate:
+        base, factor = _UNITS[rate.group(1).lower()]
+        return f"{_plain(d / factor)} /{base}"
+    assert unit is not None
     base, factor = _KEY_UNITS[unit]
     return f"{_plain(d * factor)} {base}"
 
@@ -735,7 +837,7 @@ def _numbers(text: str, numbers: list[_Number]) -> Iterator[Fact]:
         if i and lo == prev_end:
             split = _SPLIT_RE.search(segment, cut)
             cut = split.end() if split else cut
-        before = _context(segment[cut:])[-_BEFORE:]
+        before = _last_context(segment[cut:], _BEFORE)
         unit = value.partition(" ")[2]
         same = unit == prev_unit or not unit or not prev_unit
         if not before and same and text[prev_end:start] in _RANGE_JOINS:
@@ -748,9 +850,9 @@ def _numbers(text: str, numbers: list[_Number]) -> Iterator[Fact]:
         stop = _BREAK_RE.search(segment)
         if i + 1 < len(numbers) and hi - end <= _WINDOW:
             stop = _SPLIT_RE.search(segment[: stop.start()] if stop else segment) or stop
-        after = _context(segment[: stop.start()] if stop else segment)
+        after = _first_context(segment[: stop.start()] if stop else segment, _AFTER)
         prev_end, prev_before, prev_unit, prev_ref = end, before, unit, reference
-        words = [w for w, _ in before] + [w for w, _ in after[:_AFTER]]
+        words = [w for w, _ in before] + [w for w, _ in after]
         if unit and unit not in _BASES and not unit.startswith("/"):
             words.append(_stem(unit))  # `<32hex>`: a word glued to a number is its context too
         context = frozenset(words)
@@ -774,8 +876,8 @@ def _numbers(text: str, numbers: list[_Number]) -> Iterator[Fact]:
 
 def _quotes(text: str) -> Iterator[Fact]:
     for m in _QUOTE_RE.finditer(text):
-        inner = next(g for g in m.groups() if g is not None)
-        if m.group(3) is not None and not any(c.isspace() for c in inner):
+        inner = m.group(m.lastindex or 0)  # the one of the three forms that matched
+        if m.lastindex == 3 and _SPACE_RE.search(inner) is None:
             continue  # a code span of one token is checked as what it is (identifier, path, …)
         # an elision ("... [full plan] ...") splits a quote into the parts actually quoted
         for part in _ELISION_RE.split(inner):
@@ -786,8 +888,37 @@ def _quotes(text: str) -> Iterator[Fact]:
 
 def extract(text: str) -> tuple[Fact, ...]:
     """The checkable facts of `text`, in order of appearance (each distinct fact once)."""
-    facts = sorted((*_scan(text), *_quotes(text)), key=lambda f: f.start)
-    return tuple(dict.fromkeys(f for f in facts if not f.reference))
+    facts = sorted((*_scan(text), *_quotes(text)), key=_START)
+    return tuple(dict.fromkeys([f for f in facts if not f.reference]))
+
+
+_START = operator.attrgetter("start")
+
+
+def _keys_of(fact: Fact) -> list[str]:
+    """The index keys that find `fact` (FactIndex.sources_of looks them up)."""
+    keys: list[str]
+    if fact.kind == "number":
+        keys = ["n" + fact.value + "\0" + w for w in fact.context]
+        if fact.bare and fact.bare != fact.value:  # stated with a unit
+            keys += ["b" + fact.bare + "\0" + w for w in fact.context]
+            keys.append("v" + fact.value)
+        elif len(fact.value) >= 4 and fact.value.isdigit() and not _TIME.isdisjoint(fact.context):
+            # `AbortSignal.timeout(3000)`, `sleep_ms(1500)`: a duration of 1000 or more with
+            # no unit is, by the convention of most APIs, milliseconds; "3s timeout" is it
+            seconds = _plain(Decimal(fact.value) / 1000)
+            keys += ["n" + seconds + " s\0" + w for w in fact.context]
+    elif fact.kind == "path":
+        # every run of consecutive components, so `lib/x.ts` and `apps/web` are found in
+        # `/home/dev/apps/web/lib/x.ts` with one lookup
+        parts = _components(fact.value)[-_PATH_DEPTH:]
+        n = len(parts)
+        keys = ["p" + "/".join(parts[i:j]) for i in range(n) for j in range(i + 1, n + 1)]
+    else:
+        keys = [fact.kind[0] + ":" + fact.value, "t" + fact.value]
+        if fact.kind == "hash":  # an abbreviated hash is a prefix of the full one
+            keys += ["h:" + fact.value[:n] for n in range(7, len(fact.value))]
+    return keys
 
 
 class FactIndex:
@@ -809,51 +940,66 @@ class FactIndex:
         self._lock = threading.Lock()  # a check may run while another thread records a source
         self._keys: dict[str, set[str]] = {}
         self._assigned: dict[str, list[Fact]] = {}
-        # each indexed source, least recently used first, with the keys it put (to forget it)
-        self._texts: dict[str, list[str]] = {}
-        self._norm: dict[str, str] = {}  # each source's words, lowercased, one space apart
+        # every id that put keys here (an indexed source, or one `add_facts` named), least
+        # recently used first, with the keys it put: what `trim` counts and forgets
+        self._owned: dict[str, set[str]] = {}
+        # each indexed source's words, lowercased, one space apart; its ids are the indexed sources
+        self._norm: dict[str, str] = {}
 
     def __contains__(self, source_id: object) -> bool:
-        return source_id in self._texts
+        return source_id in self._norm
 
     def __len__(self) -> int:
-        return len(self._texts)
+        return len(self._norm)
 
-    def _put(self, key: str, source_id: str) -> None:
-        ids = self._keys.get(key)
-        if ids is None:
-            self._keys[key] = {source_id}
-        else:
-            ids.add(source_id)
-        put = self._texts.get(source_id)
-        if put is not None:
-            put.append(key)
+    def _own(self, source_id: str, keys: Iterable[str]) -> None:
+        """Put `source_id` under each of `keys`, and remember that it did (to forget it)."""
+        owned = self._owned.get(source_id)
+        if owned is None:
+            owned = self._owned[source_id] = set()
+        new = set(keys) - owned
+        owned |= new
+        index = self._keys
+        for key in new:
+            ids = index.get(key)
+            if ids is None:
+                index[key] = {source_id}
+            else:
+                ids.add(source_id)
 
     def trim(self, keep: Collection[str] = ()) -> int:
-        """Forget the least recently used sources beyond `max_sources`, except those in `keep`
-        (the ones a check is using), which become the most recent. Returns how many it forgot."""
+        """Forget the least recently used ids beyond `max_sources`, except those in `keep`
+        (the ones a check is using), which become the most recent. Returns how many it forgot.
+
+        Every key an id put goes with it, and an id set left much larger than its members
+        need is rebuilt (a Python set never shrinks by itself): what the index holds stays
+        proportional to what it keeps, however many sources went through it."""
         with self._lock:
+            owned = self._owned
             for source_id in keep:
-                put = self._texts.pop(source_id, None)
+                put = owned.pop(source_id, None)
                 if put is not None:
-                    self._texts[source_id] = put
+                    owned[source_id] = put
             if self.max_sources is None:
                 return 0
-            excess = len(self._texts) - max(self.max_sources, len(keep))
-            forgotten = list(itertools.islice(self._texts, max(excess, 0)))
+            excess = len(owned) - max(self.max_sources, len(keep))
+            forgotten = list(itertools.islice(owned, max(excess, 0)))
+            index = self._keys
             for source_id in forgotten:
-                for key in self._texts.pop(source_id):
-                    ids = self._keys.get(key)
-                    if ids is not None:
-                        ids.discard(source_id)
-                        if not ids:
-                            del self._keys[key]
+                for key in owned.pop(source_id):
+                    ids = index[key]
+                    ids.discard(source_id)
+                    n = len(ids)
+                    if not n:
+                        del index[key]
+                    elif n & (n - 1) == 0 and sys.getsizeof(ids) > _copy_bytes(n):
+                        index[key] = set(ids)  # shrunk to a power of two, table oversized
                 self._norm.pop(source_id, None)
                 self._assigned.pop(source_id, None)
             return len(forgotten)
 
     def add(self, source_id: str, text: str) -> None:
-        """Index the facts, tokens and word pairs of one source's text."""
+        """Index the facts, tokens and words of one source's text."""
         if not isinstance(source_id, str) or not isinstance(text, str):
             msg = (
                 f"source id and text must be str: {type(source_id).__name__}, {type(text).__name__}"
@@ -863,28 +1009,23 @@ class FactIndex:
             self._add(source_id, text)
 
     def _add(self, source_id: str, text: str) -> None:
-        if source_id in self._texts:
+        if source_id in self._norm:
             return
-        self._texts[source_id] = []
-        put = self._put
-        for token in set(_TOKEN_RE.findall(text)):
-            put("t" + token, source_id)
-            if "." in token:
-                put("t" + token.rsplit(".", 1)[0], source_id)
+        keys = {"t" + token for token in _TOKEN_RE.findall(text)}
+        keys.update(["t" + k[1:].rsplit(".", 1)[0] for k in keys if "." in k])
         words = _WORDS_RE.findall(text)
-        for w in set(words):
-            put("t" + w, source_id)
+        keys.update(["t" + w for w in words])
         lowered = " ".join(words).lower()
-        for w in set(lowered.split()):
-            put("w" + w, source_id)
+        keys.update(["w" + w for w in lowered.split()])
         self._norm[source_id] = " " + lowered + " "
         assigned = []
         for fact in _scan(text):
-            self._add_fact(fact, (source_id,))
+            keys.update(_keys_of(fact))
             if (fact.kind == "number" and fact.assigned) or fact.kind in _KEY_KINDS:
                 assigned.append(fact)
         for fact in _counts(text):  # what a source states by its shape: lines, list items
-            self._add_fact(fact, (source_id,))
+            keys.update(_keys_of(fact))
+        self._own(source_id, keys)
         if assigned:
             self._assigned[source_id] = assigned
 
@@ -894,36 +1035,13 @@ class FactIndex:
             self._add_facts(facts)
 
     def _add_facts(self, facts: Iterable[tuple[Fact, Collection[str]]]) -> None:
+        by_id: dict[str, list[str]] = {}
         for fact, ids in facts:
-            self._add_fact(fact, ids)
-
-    def _add_fact(self, fact: Fact, ids: Collection[str]) -> None:
-        keys: list[str]
-        if fact.kind == "number":
-            keys = ["n" + fact.value + "\0" + w for w in fact.context]
-            if fact.bare and fact.bare != fact.value:  # stated with a unit
-                keys += ["b" + fact.bare + "\0" + w for w in fact.context]
-                keys.append("v" + fact.value)
-            elif (
-                len(fact.value) >= 4 and fact.value.isdigit() and not _TIME.isdisjoint(fact.context)
-            ):
-                # `AbortSignal.timeout(3000)`, `sleep_ms(1500)`: a duration of 1000 or more with
-                # no unit is, by the convention of most APIs, milliseconds; "3s timeout" is it
-                seconds = _plain(Decimal(fact.value) / 1000)
-                keys += ["n" + seconds + " s\0" + w for w in fact.context]
-        elif fact.kind == "path":
-            # every run of consecutive components, so `lib/x.ts` and `apps/web` are found in
-            # `/home/dev/apps/web/lib/x.ts` with one lookup
-            parts = _components(fact.value)[-_PATH_DEPTH:]
-            n = len(parts)
-            keys = ["p" + "/".join(parts[i:j]) for i in range(n) for j in range(i + 1, n + 1)]
-        else:
-            keys = [fact.kind[0] + ":" + fact.value, "t" + fact.value]
-            if fact.kind == "hash":  # an abbreviated hash is a prefix of the full one
-                keys += ["h:" + fact.value[:n] for n in range(7, len(fact.value))]
-        for key in keys:
+            keys = _keys_of(fact)
             for sid in ids:
-                self._put(key, sid)
+                by_id.setdefault(sid, []).extend(keys)
+        for sid, keys in by_id.items():
+            self._own(sid, keys)
 
     def sources_of(self, fact: Fact) -> frozenset[str]:
         """Ids of the indexed sources that state `fact` (live or not)."""
@@ -1222,10 +1340,14 @@ def check(
     pinned: Iterable[str] = (),
     judge: Judge | None = None,
     threshold: float = 0.5,
+    scope: Collection[str] | None = None,
 ) -> Grounding:
     """Map every fact of `output` to the live sources of `index` that state it.
 
     `live`: the source ids the store can still give back (None: every indexed source).
+    `scope`: the only ids that may state a fact at all, live or dead (the sources the input
+    rests on); a fact that only other indexed sources state is ungrounded, not unverifiable, so
+    what a shared index happens to hold from other calls changes no finding. None: every id.
     `carried`: the recorded provenance of the summaries in the input; a fact of the output that
     only an earlier summary stated inherits that summary's sources for it.
     `pinned`: texts whose facts the output must keep (reported as dropped when it does not).
@@ -1239,7 +1361,7 @@ def check(
         raise TypeError(msg)
     facts = extract(output)
     with index._lock:
-        found = _check(facts, index, live, carried, pinned)
+        found = _check(facts, index, live, carried, pinned, scope)
         if judge is None:
             return found
         claims = tuple(_unsupported(output, index, live, judge, threshold))
@@ -1262,7 +1384,7 @@ def _unsupported(
     output: str, index: FactIndex, live: Collection[str] | None, judge: Judge, threshold: float
 ) -> Iterator[Fact]:
     """The sentences of `output` no live passage supports, as `claim` facts."""
-    live_ids = index._texts.keys() if live is None else set(live) & index._texts.keys()
+    live_ids = index._norm.keys() if live is None else set(live) & index._norm.keys()
     for m in _SENTENCE_RE.finditer(output):
         sentence = m.group().strip()
         words = [w for w in _WORDS_RE.findall(sentence.lower()) if w not in _STOP and len(w) > 2]
@@ -1348,8 +1470,10 @@ def _check(
     live: Collection[str] | None,
     carried: FactIndex | None,
     pinned: Iterable[str],
+    scope: Collection[str] | None = None,
 ) -> Grounding:
     live_set = None if live is None else live if isinstance(live, (set, frozenset)) else set(live)
+    in_scope = None if scope is None else frozenset(scope)
     sources: dict[Fact, frozenset[str]] = {}
     dead: dict[Fact, frozenset[str]] = {}
     unverifiable: list[Fact] = []
@@ -1358,6 +1482,8 @@ def _check(
         ids = index.sources_of(fact)
         if carried is not None:
             ids = ids | carried.sources_of(fact)
+        if in_scope is not None:
+            ids = ids & in_scope
         alive = ids if live_set is None else ids & live_set
         if alive:
             sources[fact] = alive
@@ -1366,13 +1492,24 @@ def _check(
             unverifiable.append(fact)
         else:
             ungrounded.append(fact)
-    live_ids = index._texts.keys() if live_set is None else live_set
+    live_ids = index._owned.keys() if live_set is None else live_set
     assigned = index._assigned
     key_facts = [f for sid in live_ids for f in assigned.get(sid, ())]
     for text in pinned:
         key_facts.extend(extract(text))
     kept = _Carried(facts)
-    dropped = tuple(dict.fromkeys(f for f in key_facts if f not in kept))
+    values, bares, contains = kept.numbers, kept.bares, kept.__contains__
+    dropped = tuple(
+        dict.fromkeys(
+            [
+                f
+                for f in key_facts
+                # a number whose value the output never states is dropped without a lookup
+                if (f.kind == "number" and f.value not in values and f.bare not in bares)
+                or not contains(f)
+            ]
+        )
+    )
     return Grounding(
         facts=facts,
         sources=sources,
@@ -1388,14 +1525,15 @@ class _Carried:
     """The facts of an output, looked up by value: which key facts of the sources it kept."""
 
     def __init__(self, facts: Iterable[Fact]) -> None:
-        self.numbers: dict[str, set[str]] = {}
+        self.numbers: dict[str, set[str]] = {}  # context words by value
+        self.bares: dict[str, set[str]] = {}  # and by the number as written
         self.values: set[tuple[str, str]] = set()
         self.hashes: list[str] = []
         for f in facts:
             if f.kind == "number":
                 self.numbers.setdefault(f.value, set()).update(f.context)
                 if f.bare != f.value or f.context:
-                    self.numbers.setdefault("#" + f.bare, set()).update(f.context)
+                    self.bares.setdefault(f.bare, set()).update(f.context)
             elif f.kind == "path":
                 parts = _components(f.value)
                 self.values.update(("path", "/".join(parts[i:])) for i in range(len(parts)))
@@ -1407,7 +1545,7 @@ class _Carried:
     def __contains__(self, fact: Fact) -> bool:
         if fact.kind == "number":
             by_value = self.numbers.get(fact.value)
-            by_bare = self.numbers.get("#" + fact.bare)
+            by_bare = self.bares.get(fact.bare)
             if by_value is None and by_bare is None:
                 return False
             words = (by_value or set()) | (by_bare or set())

@@ -328,10 +328,76 @@ class TestFactIndexIsABoundedCache:
                 summarize([f"user: turn {i} says the queue holds {i + 3} jobs", "one more"])
         index = guard._facts
         assert len(index) <= 8
-        assert set(index._norm) == set(index._texts) and set(index._assigned) <= set(index._texts)
-        indexed = set(index._texts)
+        assert set(index._norm) == set(index._owned) and set(index._assigned) <= set(index._owned)
+        indexed = set(index._owned)
         assert all(ids <= indexed for ids in index._keys.values())  # nothing of a forgotten source
         guard.close()
+
+    def test_a_source_another_call_indexed_does_not_vouch_for_this_output(self) -> None:
+        """A number only an unrelated source states (indexed by an earlier call, not part of
+        this input) is ungrounded and refused, as with a cold cache: it was unverifiable, and
+        let through, whenever the cache happened to hold that source."""
+        for warm in (False, True):
+            guard = Guard()
+            guard.record_source("retry_ceiling: 5", kind="config_read", source_id="cfg")
+            guard.record_source("the deploy keeps timing out", kind="user_turn", source_id="turn")
+            if warm:
+                with request(window="w1"):
+                    guard(lambda m: "Summary: retry ceiling 5.", summarizer="s")(
+                        ["retry_ceiling: 5"]
+                    )
+                assert "cfg" in guard._facts
+            summarize = guard(
+                lambda m: "Summary: deploy timing out; retry ceiling 5.", summarizer="s"
+            )
+            with request(window="w2"), pytest.raises(UnsafeRecompactionError, match="ungrounded"):
+                summarize(["the deploy keeps timing out"])
+            guard.close()
+
+    def test_many_distinct_sources_and_carried_facts_stay_within_the_bound(self) -> None:
+        """Thousands of sources with words of their own, and carried facts naming ids the index
+        never read, go through an index of 8: it holds exactly the keys its 8 ids put, no key
+        or id of a forgotten one (counted in entries, not bytes)."""
+        from policyhook.grounding import Fact, FactIndex
+
+        index = FactIndex(max_sources=8)
+        per_id = 0
+        for i in range(2_000):
+            index.add(f"s{i}", f"job{i} on host-{i % 97}: retries {i % 7}, timeout_ms: {i}")
+            carried = Fact("number", str(i), frozenset({f"word{i}", "retry"}))
+            index.add_facts([(carried, {f"summary-source-{i}"})])
+            index.trim(keep={f"s{i}"})
+            per_id = max(per_id, max(len(keys) for keys in index._owned.values()))
+            assert len(index._owned) <= 8 and len(index) <= 8
+        entries = sum(len(ids) for ids in index._keys.values())
+        assert entries == sum(len(keys) for keys in index._owned.values())
+        assert len(index._keys) <= entries <= 8 * per_id
+        assert set(index._norm) | set(index._assigned) <= set(index._owned)
+        kept = set(index._owned)
+        assert all(ids and ids <= kept for ids in index._keys.values())
+
+    def test_an_id_set_that_shrinks_is_compacted(self) -> None:
+        """A word 1,000 forgotten sources shared leaves a set no larger than a new one holding
+        what is left (Python's sets keep their table when emptied), so memory follows entries."""
+        import sys
+
+        from policyhook.grounding import FactIndex
+
+        index = FactIndex(max_sources=1)
+        for i in range(1_000):
+            index.add(f"s{i}", f"shared word {i}")
+        index.trim()
+        (ids,) = [ids for key, ids in index._keys.items() if key == "wshared"]
+        assert ids == {"s999"} and sys.getsizeof(ids) <= sys.getsizeof(set(ids))
+
+    def test_facts_carried_for_an_id_do_not_stop_its_text_from_being_indexed(self) -> None:
+        from policyhook.grounding import Fact, FactIndex, check
+
+        index = FactIndex(max_sources=4)
+        index.add_facts([(Fact("identifier", "retry_ceiling"), {"cfg"})])
+        assert "cfg" not in index  # its text was never read
+        index.add("cfg", "retry_ceiling: 7")
+        assert "cfg" in index and not check("retry ceiling 7", index, {"cfg"}).ungrounded
 
     def test_a_forgotten_live_source_is_indexed_again_and_still_grounds(self) -> None:
         """The config is forgotten by the cache after many other sources; a later summary that
@@ -363,6 +429,6 @@ class TestFactIndexIsABoundedCache:
         assert len(index) == 5  # a check's own sources are never forgotten under it
         assert not check("the pool size is 14", index, {"s4"}).ungrounded
         index.trim()
-        assert len(index) == 2 and set(index._texts) == {"s3", "s4"}  # the most recently kept
+        assert len(index) == 2 and set(index._owned) == {"s3", "s4"}  # the most recently kept
         with pytest.raises(ValueError, match="max_sources"):
             FactIndex(max_sources=0)
