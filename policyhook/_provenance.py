@@ -597,18 +597,31 @@ class Ledger:
         unregistered: list[tuple[str, str]] = []
         closures: dict[str, frozenset[str]] = {}
         failure: Exception | None = None
+        # Outputs are recorded stripped (`Guard._record`): a unit with whitespace around it is
+        # looked up stripped too, or a short output (never searched inside longer text) that
+        # comes back as the summarizer wrote it would pass for original content.
+        bare = {
+            at: digest(self._key, encode(item.strip()))
+            for at, item in enumerate(items)
+            if isinstance(item, str) and item.strip() != item
+        }
         known: dict[str, Entry] = {}
         try:
             known = self._fetch(
                 [d for d, i in zip(digests, items, strict=True) if isinstance(i, str)]
+                + list(bare.values())
             )
         except Exception as exc:  # what the cache holds is still recognised
             failure = exc
-        for item, data, key in zip(items, encoded, digests, strict=True):
+        for at, (item, data, key) in enumerate(zip(items, encoded, digests, strict=True)):
             if isinstance(item, Region):
                 parts.append(item)
                 continue
             entry = known.get(key) or self._entries.get(key)
+            if entry is None and at in bare:
+                entry = known.get(bare[at]) or self._entries.get(bare[at])
+                if entry is not None:
+                    key = bare[at]
             if entry is not None:
                 if key in self._entries:
                     self._entries.move_to_end(key)
