@@ -411,15 +411,16 @@ class Ledger:
         source = Source(id=source_id or self.text_id(kind, text), kind=kind)
         data = encode(text)
         carried = self._carried(text, data, source, window)
-        self.store.put_source(source, text)
-        with self._lock:
-            self._learn(Entry.of_source(self._key, source, text), data)
-        if carried is not None:  # after put_source, which records the text as plain evidence
+        if carried is not None:  # its provenance first: no failure leaves it plain evidence
             entry = self._put_summary(carried, text)
             with self._lock:
                 self._learn(entry, data)
                 if window in self._windows:
                     self._windows[window] = max(self._windows[window], entry.depth)
+        self.store.put_source(source, text)  # stores keep a summary's entry over its text
+        if carried is None:
+            with self._lock:
+                self._learn(Entry.of_source(self._key, source, text), data)
         return source
 
     def _put_summary(self, entry: Entry, text: str, facts: Sequence[FactRecord] = ()) -> Entry:

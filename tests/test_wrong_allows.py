@@ -6,10 +6,11 @@ of how it came back.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, ClassVar, cast
 
 import pytest
 
-from policyhook import Guard, MemoryStore, SQLiteStore
+from policyhook import Guard, MemoryStore, SQLiteStore, Store
 
 SOURCE = "config read: retry_ceiling = 7 for the billing job"
 
@@ -56,3 +57,68 @@ class TestShortOutputsWithWhitespace:
         first.store.evict("cfg")
         later = Guard(store=SQLiteStore(path))
         assert later.check([{"role": "assistant", "content": got}], summarizer="p").effect == "deny"
+
+
+class Faulty:
+    """Wraps a store; `operation` raises OSError while `failing` is set."""
+
+    def __init__(self, inner: Store, operation: str) -> None:
+        self.inner, self.operation, self.failing = inner, operation, False
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.inner, name)
+        if name != self.operation:
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self.failing:
+                raise OSError(5, "Input/output error")
+            return attribute(*args, **kwargs)
+
+        return call
+
+
+class TestRegisteringASummaryWhileTheStoreFails:
+    """Registering a text that is, or quotes, a summary writes twice: the text as a source, and
+    its provenance over it. The second write failing left the store (and the ledger's cache)
+    holding the text as plain evidence: a summary of dead sources allowed for good, in every
+    process, even after the store came back and the text was registered again."""
+
+    TEXTS: ClassVar[dict[str, str]] = {
+        "exact": "Summary: the retry ceiling is seven for the billing job",
+        "quoting": "Assistant: as summarized, Summary: the retry ceiling is seven for the billing job",
+    }
+
+    @pytest.mark.parametrize("kind", ["memory", "sqlite"])
+    @pytest.mark.parametrize("operation", ["put_summary", "put_source"])
+    @pytest.mark.parametrize("text", sorted(TEXTS))
+    def test_a_failed_registration_never_turns_a_summary_into_evidence(
+        self, tmp_path: Path, kind: str, operation: str, text: str
+    ) -> None:
+        """Either write failing: record_source raises, and the summary (or the text quoting it)
+        is still refused once its source is gone, by this guard and by a new one, and after
+        the text is registered again."""
+        path = tmp_path / "store.sqlite"
+        inner: Store = MemoryStore() if kind == "memory" else SQLiteStore(path)
+        store = Faulty(inner, operation)
+        guard = Guard(store=cast(Store, store))
+        guard.record_source(SOURCE, "config_read", "cfg")
+        guard(lambda t: self.TEXTS["exact"], summarizer="s")(SOURCE)
+        inner.evict("cfg")
+        registered = self.TEXTS[text]
+        store.failing = True
+        with pytest.raises(OSError):
+            guard.record_source(registered, "ai_turn", "msg-1")
+        store.failing = False
+        later = Guard(store=inner if kind == "memory" else SQLiteStore(path))
+        for deciding in (guard, later):
+            assert deciding.check(registered, summarizer="p").effect == "deny"
+        guard.record_source(registered, "ai_turn", "msg-1")
+        for deciding in (
+            guard,
+            later,
+            Guard(store=inner if kind == "memory" else SQLiteStore(path)),
+        ):
+            region = deciding.provenance(registered)
+            assert region.depth == 1 and "cfg" in region.sources
+            assert deciding.check(registered, summarizer="p").effect == "deny"
