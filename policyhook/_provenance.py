@@ -442,6 +442,8 @@ class Ledger:
                     source_kinds=tuple(sorted({*known.source_kinds, source.kind})),
                 )
             found = self._resolve([text])
+            if found.failure is not None:  # never stored as resting on what it could not read
+                raise found.failure
             if found.region.depth == 0:
                 return None
             parents, direct = self._made_of[found.region.id]
@@ -657,7 +659,9 @@ class Ledger:
         if len(self._made_of) > 256:
             self._made_of.popitem(last=False)
         summaries = tuple(dict.fromkeys(p.id for p in parts if p.depth > 0))
-        return Resolution(Region.merge(parts, region_id), tuple(unregistered), summaries)
+        return Resolution(
+            Region.merge(parts, region_id), tuple(unregistered), summaries, failure=failure
+        )
 
     def _split(
         self,

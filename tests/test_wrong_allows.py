@@ -60,10 +60,20 @@ class TestShortOutputsWithWhitespace:
 
 
 class Faulty:
-    """Wraps a store; `operation` raises OSError while `failing` is set."""
+    """Wraps a store; `operation` raises OSError while `failing` is set, once it has been
+    called `after` times since."""
 
-    def __init__(self, inner: Store, operation: str) -> None:
-        self.inner, self.operation, self.failing = inner, operation, False
+    def __init__(self, inner: Store, operation: str, after: int = 0) -> None:
+        self.inner, self.operation, self.after = inner, operation, after
+        self._failing, self.calls = False, 0
+
+    @property
+    def failing(self) -> bool:
+        return self._failing
+
+    @failing.setter
+    def failing(self, on: bool) -> None:
+        self._failing, self.calls = on, 0
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self.inner, name)
@@ -71,8 +81,10 @@ class Faulty:
             return attribute
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            if self.failing:
-                raise OSError(5, "Input/output error")
+            if self._failing:
+                self.calls += 1
+                if self.calls > self.after:
+                    raise OSError(5, "Input/output error")
             return attribute(*args, **kwargs)
 
         return call
@@ -122,3 +134,28 @@ class TestRegisteringASummaryWhileTheStoreFails:
             region = deciding.provenance(registered)
             assert region.depth == 1 and "cfg" in region.sources
             assert deciding.check(registered, summarizer="p").effect == "deny"
+
+
+class TestRegisteringWhileTheStoreFailsToRead:
+    """False refusal (found with tests/test_fault_sweep.py): a store read failing while a new text
+    was being registered made the ledger record the text as a summary of an unverifiable source,
+    in the store: one transient failure refused every later summary of that original, in every
+    process. Registering now raises the failure, and nothing is recorded."""
+
+    @pytest.mark.parametrize("kind", ["memory", "sqlite"])
+    def test_a_read_failing_during_registration_is_raised_not_recorded(
+        self, tmp_path: Path, kind: str
+    ) -> None:
+        """record_source raises the store's error; registered again, the text is evidence."""
+        path = tmp_path / "store.sqlite"
+        inner: Store = MemoryStore() if kind == "memory" else SQLiteStore(path)
+        store = Faulty(inner, "lookup", after=1)  # the second lookup: inside recognition
+        guard = Guard(store=cast(Store, store))
+        store.failing = True
+        with pytest.raises(OSError):
+            guard.record_source(SOURCE, "config_read", "cfg")
+        store.failing = False
+        guard.record_source(SOURCE, "config_read", "cfg")
+        for deciding in (guard, Guard(store=inner if kind == "memory" else SQLiteStore(path))):
+            assert deciding.provenance(SOURCE).depth == 0
+            assert deciding.check(SOURCE, summarizer="p").effect == "allow"
