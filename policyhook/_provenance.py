@@ -693,8 +693,8 @@ class Ledger:
         known texts that start inside one of those and end past it (their end would otherwise
         pass for original content)."""
         hits = self._confirmed(data, self._index.find(data))
-        if not self._complete:  # texts the cache does not hold, where no known text lies
-            hits |= self._confirmed(data, self._ask_store(data, hits))
+        if not self._complete:  # texts the cache does not hold, asked of the store
+            hits |= self._confirmed(data, self._ask_store(data))
         ordered = sorted((start, start - end, key) for start, end, key in hits)
         known = self._fetch([key for _, _, key in ordered])
         out: list[tuple[int, int, Entry]] = []
@@ -721,22 +721,18 @@ class Ledger:
             if digest(self._key, data[start:end]) == key
         }
 
-    def _ask_store(
-        self, data: bytes, known: set[tuple[int, int, str]]
-    ) -> list[tuple[int, int, str]]:
+    def _ask_store(self, data: bytes) -> list[tuple[int, int, str]]:
         """Where texts the store knows but this process does not cache may start in `data`.
 
-        Only while the cache does not hold every text: each position not inside a known text
-        found there (confirmed: an unconfirmed candidate must not hide one) is looked up by
-        anchor, in one store call. Linear, but hashing every position costs
-        far more than the automaton: `max_texts` should hold a working set.
+        Only while the cache does not hold every text: each position is looked up by anchor, in
+        one store call, also inside known texts found there (a text the cache lacks may start
+        inside one, or with it, and go on past it: a summary quoting a source verbatim).
+        Linear, but hashing every position costs far more than the automaton: `max_texts`
+        should hold a working set.
         """
-        covered = bytearray(len(data) + 1)
-        for start, end, _ in known:
-            covered[start:end] = b"\x01" * (end - start)
         anchors: dict[str, list[int]] = {}
         for at in range(len(data) - MIN_BYTES + 1):
-            if covered[at] or data[at] & 0xC0 == 0x80:  # inside a text, or not a char start
+            if data[at] & 0xC0 == 0x80:  # not a char start
                 continue
             anchor = anchor_of(self._key, data[at : at + MIN_BYTES])
             if anchor is not None:

@@ -159,3 +159,54 @@ class TestRegisteringWhileTheStoreFailsToRead:
         for deciding in (guard, Guard(store=inner if kind == "memory" else SQLiteStore(path))):
             assert deciding.provenance(SOURCE).depth == 0
             assert deciding.check(SOURCE, summarizer="p").effect == "allow"
+
+
+class TestSummariesStartingInsideAFoundText:
+    """A summary the ledger's cache does not hold is looked for in the store by anchor, but not
+    at positions inside a known text already found: a summary starting with (or inside) a live
+    source's text, verbatim, and going on past it was missed there, and the input rested on the
+    live source alone (allowed). Seen when the cache is past `max_texts` or the store no longer
+    holds the summary's text (a bounded MemoryStore), e.g. in a new process."""
+
+    TOOL = "tool output: 3 files changed in billing/"
+    TAIL = " and the retry ceiling is seven"
+    SUMMARIES: ClassVar[dict[str, str]] = {
+        "same start": TOOL + TAIL,
+        "starts inside": TOOL[14:] + TAIL,
+    }
+
+    def record(self, guard: Guard, summary: str) -> None:
+        guard.record_source(self.TOOL, "tool_output", "tool")
+        guard.record_source(SOURCE, "config_read", "cfg")
+        guard(lambda v: summary, summarizer="s")([self.TOOL, SOURCE])
+
+    @pytest.mark.parametrize("shape", sorted(SUMMARIES))
+    def test_past_the_ledgers_cache(self, shape: str) -> None:
+        """The source registered again (an adapter archiving the turn) is the one text cached."""
+        store = MemoryStore()
+        guard = Guard(store=store, max_texts=1)
+        self.record(guard, self.SUMMARIES[shape])
+        guard.record_source(self.TOOL, "tool_output", "tool")
+        store.evict("cfg")
+        value = "Note: " + self.TOOL + self.TAIL
+        region = guard.provenance(value)
+        assert region.depth == 1 and "cfg" in region.sources
+        assert guard.check(value, summarizer="p").effect == "deny"
+
+    @pytest.mark.parametrize("shape", sorted(SUMMARIES))
+    def test_a_new_guard_on_a_store_that_forgot_the_summarys_text(self, shape: str) -> None:
+        """A bounded MemoryStore keeps the summary's entry, not its text: a restarted guard
+        caches the source's text and must ask the store about the summary."""
+        store = MemoryStore(max_sources=3)
+        guard = Guard(store=store)
+        self.record(guard, self.SUMMARIES[shape])
+        for letter in "abcd":  # newer summaries push the first one's text out of the store
+            guard(lambda v, t=letter: f"another summary {t} of the billing job", summarizer="s")(
+                self.TOOL
+            )
+        store.evict("cfg")
+        later = Guard(store=store)
+        value = "Note: " + self.TOOL + self.TAIL
+        region = later.provenance(value)
+        assert region.depth == 1 and "cfg" in region.sources
+        assert later.check(value, summarizer="p").effect == "deny"
