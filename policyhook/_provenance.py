@@ -50,13 +50,18 @@ def digest(key: bytes, data: bytes) -> str:
     return hashlib.blake2b(data, key=key, digest_size=16).hexdigest()
 
 
+def _anchor_hash(key: bytes) -> hashlib.blake2b:
+    """The keyed hash anchors are made with, before any data."""
+    return hashlib.blake2b(key=key, digest_size=8, person=b"anchor")
+
+
 def anchor_of(key: bytes, data: bytes) -> str | None:
     """Keyed hash of a text's first `ANCHOR_BYTES` bytes; None for texts too short to embed."""
     if len(data) < ANCHOR_BYTES:
         return None
-    return hashlib.blake2b(
-        data[:ANCHOR_BYTES], key=key, digest_size=8, person=b"anchor"
-    ).hexdigest()
+    hashed = _anchor_hash(key)
+    hashed.update(data[:ANCHOR_BYTES])
+    return hashed.hexdigest()
 
 
 def text_id(prefix: str, text: str, key: bytes | None = None) -> str:
@@ -731,12 +736,13 @@ class Ledger:
         should hold a working set.
         """
         anchors: dict[str, list[int]] = {}
-        for at in range(len(data) - MIN_BYTES + 1):
+        keyed = _anchor_hash(self._key)  # anchor_of's hash, keyed once: copies cost half
+        for at in range(len(data) - ANCHOR_BYTES + 1):
             if data[at] & 0xC0 == 0x80:  # not a char start
                 continue
-            anchor = anchor_of(self._key, data[at : at + MIN_BYTES])
-            if anchor is not None:
-                anchors.setdefault(anchor, []).append(at)
+            hashed = keyed.copy()
+            hashed.update(data[at : at + ANCHOR_BYTES])
+            anchors.setdefault(hashed.hexdigest(), []).append(at)
         found: list[tuple[int, int, str]] = []
         for entry in self._reader.by_anchor(list(anchors)) if anchors else ():
             for at in anchors.get(entry.anchor or "", ()):
