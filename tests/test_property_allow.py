@@ -379,7 +379,7 @@ class Provenance(RuleBasedStateMachine):
 
 
 Provenance.TestCase.settings = settings(
-    max_examples=60,
+    max_examples=45,
     stateful_step_count=30,
     deadline=None,
     derandomize=True,
