@@ -210,3 +210,20 @@ class TestSummariesStartingInsideAFoundText:
         region = later.provenance(value)
         assert region.depth == 1 and "cfg" in region.sources
         assert later.check(value, summarizer="p").effect == "deny"
+
+
+class TestLangChainServerToolCallChunks:
+    """False refusal: LangChain v1's `server_tool_call_chunk` block (a streamed server-side
+    tool call, beside `tool_call_chunk`) was an unsupported block type: a TypeError, so the call
+    was refused. It is read like the other tool calls, its (partial) arguments verbatim."""
+
+    def test_a_server_tool_call_chunk_is_read_and_a_summary_in_it_found(self) -> None:
+        guard, summary = summarized_then_evicted("Summary: the retry ceiling is seven for billing")
+        block = {"type": "server_tool_call_chunk", "name": "web_search", "args": summary}
+        value = {"role": "assistant", "content": [block]}
+        assert guard.provenance(value).depth == 1
+        assert guard.check(value, summarizer="p").effect == "deny"
+        fresh = {"type": "server_tool_call_chunk", "name": "web_search", "args": '{"q": "dep'}
+        assert guard.check({"role": "assistant", "content": [fresh]}, summarizer="p").effect == (
+            "allow"
+        )
