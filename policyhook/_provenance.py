@@ -513,12 +513,13 @@ class Ledger:
         return region
 
     def archive(self, unregistered: Iterable[tuple[str, str]]) -> None:
-        """Store unrecognised original content as sources, so summaries of it stay derivable."""
+        """Store unrecognised original content as sources, so summaries of it stay derivable.
+
+        Not cached here: the content may be a known summary's text, not recognised where it was
+        (a short one inside a longer unit), which must stay that summary; the store keeps it so
+        (`put_source`), and the next catch-up (`since`) brings what the store holds."""
         for source_id, text in unregistered:
-            source = Source(source_id, UNREGISTERED)
-            self.store.put_source(source, text)
-            with self._lock:
-                self._learn(Entry.of_source(self._key, source, text), encode(text))
+            self.store.put_source(Source(source_id, UNREGISTERED), text)
 
     # -- recognition ----------------------------------------------------------------------------
 

@@ -227,3 +227,26 @@ class TestLangChainServerToolCallChunks:
         assert guard.check({"role": "assistant", "content": [fresh]}, summarizer="p").effect == (
             "allow"
         )
+
+
+class TestArchivingASummarysText:
+    """With `archive_originals`, unrecognised content is stored as a source after a grant. A
+    short summary inside a longer unit is not recognised there (docs/inputs.md), so its text
+    could be archived exactly; the ledger then cached it as plain evidence over the summary (the
+    store keeps the summary, 577fedf), and this guard allowed the summary itself for good."""
+
+    def test_an_archived_copy_of_a_short_summary_leaves_it_a_summary(self) -> None:
+        """The summary, given whole, is still refused by this guard and a new one (texts
+        without numbers: the output check has nothing to say)."""
+        store = MemoryStore()
+        guard = Guard(store=store, archive_originals=True)
+        tool = "tool output: the billing files changed today"
+        config = "config read: the deploy window opens in the morning on weekdays"
+        guard.record_source(tool, "tool_output", "tool")
+        guard.record_source(config, "config_read", "cfg")
+        summary = guard(lambda text: "OK, mornings.", summarizer="s")(config)
+        guard(lambda text: "a summary of the tool output", summarizer="s")([tool + summary])
+        store.evict("cfg")
+        for deciding in (guard, Guard(store=store)):
+            assert deciding.provenance([summary]).depth == 1
+            assert deciding.check([summary], summarizer="p").effect == "deny"
