@@ -316,6 +316,7 @@ class PostgresStore:
                     text = excluded.text, expires = excluded.expires, state = 'live',
                     seq = excluded.seq)
             {_INSERT_ENTRY} {_REPLACE}
+            WHERE e.depth = 0  -- a summary's text put as a source keeps the summary's entry
             """,
             {**_entry_params(entry, None), "lock": self._lock_key, "text": _b(text),
              "ttl": self.ttl},

@@ -52,13 +52,18 @@ def digest(key: bytes, data: bytes) -> str:
     return hashlib.blake2b(data, key=key, digest_size=16).hexdigest()
 
 
+def _anchor_hash(key: bytes) -> hashlib.blake2b:
+    """The keyed hash anchors are made with, before any data."""
+    return hashlib.blake2b(key=key, digest_size=8, person=b"anchor")
+
+
 def anchor_of(key: bytes, data: bytes) -> str | None:
     """Keyed hash of a text's first `ANCHOR_BYTES` bytes; None for texts too short to embed."""
     if len(data) < ANCHOR_BYTES:
         return None
-    return hashlib.blake2b(
-        data[:ANCHOR_BYTES], key=key, digest_size=8, person=b"anchor"
-    ).hexdigest()
+    hashed = _anchor_hash(key)
+    hashed.update(data[:ANCHOR_BYTES])
+    return hashed.hexdigest()
 
 
 def text_id(prefix: str, text: str, key: bytes | None = None) -> str:
@@ -423,15 +428,16 @@ class Ledger:
         source = Source(id=source_id or self.text_id(kind, text), kind=kind)
         data = encode(text)
         carried = self._carried(text, data, source, window)
-        self.store.put_source(source, text)
-        with self._lock:
-            self._learn(Entry.of_source(self._key, source, text), data)
-        if carried is not None:  # after put_source, which records the text as plain evidence
+        if carried is not None:  # its provenance first: no failure leaves it plain evidence
             entry = self._put_summary(carried, text)
             with self._lock:
                 self._learn(entry, data)
                 if window in self._windows:
                     self._windows[window] = max(self._windows[window], entry.depth)
+        self.store.put_source(source, text)  # stores keep a summary's entry over its text
+        if carried is None:
+            with self._lock:
+                self._learn(Entry.of_source(self._key, source, text), data)
         return source
 
     def _put_summary(self, entry: Entry, text: str, facts: Sequence[FactRecord] = ()) -> Entry:
@@ -453,6 +459,8 @@ class Ledger:
                     source_kinds=tuple(sorted({*known.source_kinds, source.kind})),
                 )
             found = self._resolve([text])
+            if found.failure is not None:  # never stored as resting on what it could not read
+                raise found.failure
             if found.region.depth == 0:
                 return None
             parents, direct = self._made_of[found.region.id]
@@ -517,12 +525,13 @@ class Ledger:
         return region
 
     def archive(self, unregistered: Iterable[tuple[str, str]]) -> None:
-        """Store unrecognised original content as sources, so summaries of it stay derivable."""
+        """Store unrecognised original content as sources, so summaries of it stay derivable.
+
+        Not cached here: the content may be a known summary's text, not recognised where it was
+        (a short one inside a longer unit), which must stay that summary; the store keeps it so
+        (`put_source`), and the next catch-up (`since`) brings what the store holds."""
         for source_id, text in unregistered:
-            source = Source(source_id, UNREGISTERED)
-            self.store.put_source(source, text)
-            with self._lock:
-                self._learn(Entry.of_source(self._key, source, text), encode(text))
+            self.store.put_source(Source(source_id, UNREGISTERED), text)
 
     # -- recognition ----------------------------------------------------------------------------
 
@@ -620,16 +629,28 @@ class Ledger:
         unregistered: list[tuple[str, str]] = []
         closures: dict[str, frozenset[str]] = {}
         failure: Exception | None = None
+        # Outputs are recorded stripped (`Guard._record`): a unit with whitespace around it is
+        # looked up stripped too, or a short output (never searched inside longer text) that
+        # comes back as the summarizer wrote it would pass for original content.
+        bare = {
+            at: digest(secret, encode(item.strip()))
+            for at, item in enumerate(items)
+            if isinstance(item, str) and item.strip() != item
+        }
         known: dict[str, Entry] = {}
         try:
-            known = self._fetch(messages)
+            known = self._fetch(messages + list(bare.values()))
         except Exception as exc:  # what the cache holds is still recognised
             failure = exc
-        for item, data, key in zip(items, encoded, digests, strict=True):
+        for at, (item, data, key) in enumerate(zip(items, encoded, digests, strict=True)):
             if isinstance(item, Region):
                 parts.append(item)
                 continue
             entry = known.get(key) or self._entries.get(key)
+            if entry is None and at in bare:
+                entry = known.get(bare[at]) or self._entries.get(bare[at])
+                if entry is not None:
+                    key = bare[at]
             if entry is not None:
                 if key in self._entries:
                     self._entries.move_to_end(key)
@@ -671,7 +692,9 @@ class Ledger:
         made_of.move_to_end(region_id)
         if len(made_of) > 256:
             made_of.popitem(last=False)
-        return Resolution(Region.merge(parts, region_id), tuple(unregistered), tuple(summaries))
+        return Resolution(
+            Region.merge(parts, region_id), tuple(unregistered), tuple(summaries), failure=failure
+        )
 
     def _split(
         self,
@@ -707,8 +730,8 @@ class Ledger:
         known texts that start inside one of those and end past it (their end would otherwise
         pass for original content)."""
         hits = self._confirmed(data, self._index.find(data))
-        if not self._complete:  # texts the cache does not hold, where no known text lies
-            hits |= self._confirmed(data, self._ask_store(data, hits))
+        if not self._complete:  # texts the cache does not hold, asked of the store
+            hits |= self._confirmed(data, self._ask_store(data))
         ordered = sorted((start, start - end, key) for start, end, key in hits)
         known = self._fetch([key for _, _, key in ordered])
         out: list[tuple[int, int, Entry]] = []
@@ -735,26 +758,23 @@ class Ledger:
             if digest(self._key, data[start:end]) == key
         }
 
-    def _ask_store(
-        self, data: bytes, known: set[tuple[int, int, str]]
-    ) -> list[tuple[int, int, str]]:
+    def _ask_store(self, data: bytes) -> list[tuple[int, int, str]]:
         """Where texts the store knows but this process does not cache may start in `data`.
 
-        Only while the cache does not hold every text: each position not inside a known text
-        found there (confirmed: an unconfirmed candidate must not hide one) is looked up by
-        anchor, in one store call. Linear, but hashing every position costs
-        far more than the automaton: `max_texts` should hold a working set.
+        Only while the cache does not hold every text: each position is looked up by anchor, in
+        one store call, also inside known texts found there (a text the cache lacks may start
+        inside one, or with it, and go on past it: a summary quoting a source verbatim).
+        Linear, but hashing every position costs far more than the automaton: `max_texts`
+        should hold a working set.
         """
-        covered = bytearray(len(data) + 1)
-        for start, end, _ in known:
-            covered[start:end] = b"\x01" * (end - start)
         anchors: dict[str, list[int]] = {}
-        for at in range(len(data) - MIN_BYTES + 1):
-            if covered[at] or data[at] & 0xC0 == 0x80:  # inside a text, or not a char start
+        keyed = _anchor_hash(self._key)  # anchor_of's hash, keyed once: copies cost half
+        for at in range(len(data) - ANCHOR_BYTES + 1):
+            if data[at] & 0xC0 == 0x80:  # not a char start
                 continue
-            anchor = anchor_of(self._key, data[at : at + MIN_BYTES])
-            if anchor is not None:
-                anchors.setdefault(anchor, []).append(at)
+            hashed = keyed.copy()
+            hashed.update(data[at : at + ANCHOR_BYTES])
+            anchors.setdefault(hashed.hexdigest(), []).append(at)
         found: list[tuple[int, int, str]] = []
         for entry in self._reader.by_anchor(list(anchors)) if anchors else ():
             for at in anchors.get(entry.anchor or "", ()):

@@ -175,10 +175,14 @@ redis.call('HDEL', KEYS[2], id)
 redis.call('HSET', KEYS[3], id, ARGV[2])
 redis.call('ZADD', KEYS[4], seq, id)
 redis.call('HSET', KEYS[7], id, ARGV[4])
-redis.call('HSET', KEYS[8], ARGV[5], ARGV[6])
 redis.call('HSET', KEYS[9], ARGV[5], id)
-redis.call('ZADD', KEYS[10], seq, ARGV[5])
-if ARGV[7] ~= '' then index_anchor(KEYS[11], ARGV[7], ARGV[5]) end
+-- A summary's text put as a source keeps the summary's entry (never plain evidence).
+local known = redis.call('HGET', KEYS[8], ARGV[5])
+if not known or cjson.decode(known)[3] == 0 then
+  redis.call('HSET', KEYS[8], ARGV[5], ARGV[6])
+  redis.call('ZADD', KEYS[10], seq, ARGV[5])
+  if ARGV[7] ~= '' then index_anchor(KEYS[11], ARGV[7], ARGV[5]) end
+end
 return seq
 """
 )

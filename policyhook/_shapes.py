@@ -43,6 +43,7 @@ CALL_BLOCKS: Mapping[str, str] = {
     "tool_call": "args",  # LangChain v1
     "server_tool_call": "args",
     "tool_call_chunk": "args",
+    "server_tool_call_chunk": "args",
     "invalid_tool_call": "args",
     "function_call": "arguments",  # OpenAI Responses
     "custom_tool_call": "input",

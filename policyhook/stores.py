@@ -150,7 +150,9 @@ class MemoryStore:
             self._held.pop(source.id, None)
             self._held[source.id] = (source, text, now + self.ttl if self.ttl else float("inf"))
             self._dead.pop(source.id, None)
-            self._index(entry)
+            known = self._entries.get(entry.digest)
+            if known is None or known.depth == 0:  # a summary's text stays that summary
+                self._index(entry)
             if self.max_sources is not None:
                 while len(self._held) > self.max_sources:
                     dropped, _ = self._held.popitem(last=False)
@@ -598,9 +600,12 @@ class SQLiteStore:
         return self._secret
 
     def _put_entry(self, entry: Entry, text: str | None) -> None:
+        # A source's entry never replaces a summary's (the same text registered as a source):
+        # the summary would pass for original evidence.
+        keep = "WHERE NOT EXISTS (SELECT 1 FROM entries WHERE digest = ? AND depth > 0)"
         cursor = self._db.execute(
             f"INSERT OR REPLACE INTO entries ({_ENTRY_COLUMNS}, text) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            f"SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? {keep if entry.depth == 0 else ''}",
             (
                 entry.digest,
                 entry.id,
@@ -613,6 +618,7 @@ class SQLiteStore:
                 json.dumps(entry.source_kinds),
                 entry.window,
                 _sql_text(text),
+                *((entry.digest,) if entry.depth == 0 else ()),
             ),
         )
         self._head = max(self._head, cursor.lastrowid or 0)

@@ -262,6 +262,24 @@ class StoreContract:
         assert store.lookup([first.digest])[first.digest] == stored
         assert store.rests_on([first.id]) == {first.id: {"cfg", "t1", "t2"}}
 
+    def test_putting_a_summarys_text_as_a_source_keeps_the_summary(
+        self, store: Store, reopen: Reopen
+    ) -> None:
+        """A summary's text put again as a source (an adapter archiving every message) is held
+        under the source's id, and its entry stays the summary's: never plain evidence, or a
+        summary of dead sources would pass for an original once the ledger's second write (its
+        provenance over the source) fails."""
+        text = "Summary: the retry ceiling is seven, from config."
+        entry = summary(store, text, sources=("cfg",))
+        store.put_summary(entry, text)
+        store.put_source(Source("msg-1", "ai_turn"), text)
+        assert store.get_source("msg-1") == text
+        for handle in (store, reopen(store)):
+            kept = handle.lookup([entry.digest])[entry.digest]
+            assert (kept.id, kept.depth, kept.sources) == (entry.id, 1, ("cfg",))
+            assert handle.rests_on([entry.id]) == {entry.id: {"cfg"}}
+            assert [e.id for e in handle.by_anchor([entry.anchor or ""])] == [entry.id]
+
     def test_window_depth_is_the_deepest_recorded(self, store: Store) -> None:
         """window_depth is the deepest summary recorded in that window, 0 for others."""
         for depth, text in [

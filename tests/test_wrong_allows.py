@@ -1,0 +1,252 @@
+"""Wrong allows found by hunting (shapes, cache bounds, faults), each kept as the test that failed
+on the code before its fix: a summary whose sources are gone must never be re-summarized because
+of how it came back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar, cast
+
+import pytest
+
+from policyhook import Guard, MemoryStore, SQLiteStore, Store
+
+SOURCE = "config read: retry_ceiling = 7 for the billing job"
+
+
+def summarized_then_evicted(output: str) -> tuple[Guard, str]:
+    """A guard that granted one call over SOURCE returning `output`; SOURCE is then evicted.
+    Returns the guard and what the caller got back (the output as the summarizer wrote it)."""
+    guard = Guard(store=MemoryStore())
+    guard.record_source(SOURCE, "config_read", "cfg")
+    got = guard(lambda text: output, summarizer="s")(SOURCE)
+    guard.store.evict("cfg")
+    return guard, got
+
+
+class TestShortOutputsWithWhitespace:
+    """Outputs are recorded stripped; a short one (under the 16 bytes searched inside longer
+    text) that comes back as the summarizer wrote it, with its trailing newline, was original
+    content resting on nothing (allowed)."""
+
+    @pytest.mark.parametrize("written", ["Ceiling: seven.\n", "  OK\n", "\tdone. \r\n"])
+    @pytest.mark.parametrize("shape", ["str", "list", "message", "block"])
+    def test_a_short_output_as_returned_is_still_a_summary(self, written: str, shape: str) -> None:
+        """The caller's copy of a short output (whitespace around it) is refused once its
+        source is gone, whole or as one message of a list, a message dict or a text block."""
+        guard, got = summarized_then_evicted(written)
+        assert got == written  # the caller gets the output unchanged
+        value: object = {
+            "str": got,
+            "list": ["a new user turn about the deploy", got],
+            "message": [{"role": "assistant", "content": got}],
+            "block": {"role": "assistant", "content": [{"type": "text", "text": got}]},
+        }[shape]
+        region = guard.provenance(value)
+        assert region.depth == 1
+        assert "cfg" in region.sources
+        assert guard.check(value, summarizer="p").effect == "deny"
+
+    def test_another_process_recognises_the_returned_short_output(self, tmp_path: Path) -> None:
+        """A guard on the same SQLite file, which caches nothing yet, finds it in the store."""
+        path = tmp_path / "store.sqlite"
+        first = Guard(store=SQLiteStore(path))
+        first.record_source(SOURCE, "config_read", "cfg")
+        got = first(lambda text: "Ceiling: seven.\n", summarizer="s")(SOURCE)
+        first.store.evict("cfg")
+        later = Guard(store=SQLiteStore(path))
+        assert later.check([{"role": "assistant", "content": got}], summarizer="p").effect == "deny"
+
+
+class Faulty:
+    """Wraps a store; `operation` raises OSError while `failing` is set, once it has been
+    called `after` times since."""
+
+    def __init__(self, inner: Store, operation: str, after: int = 0) -> None:
+        self.inner, self.operation, self.after = inner, operation, after
+        self._failing, self.calls = False, 0
+
+    @property
+    def failing(self) -> bool:
+        return self._failing
+
+    @failing.setter
+    def failing(self, on: bool) -> None:
+        self._failing, self.calls = on, 0
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.inner, name)
+        if name != self.operation:
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self._failing:
+                self.calls += 1
+                if self.calls > self.after:
+                    raise OSError(5, "Input/output error")
+            return attribute(*args, **kwargs)
+
+        return call
+
+
+class TestRegisteringASummaryWhileTheStoreFails:
+    """Registering a text that is, or quotes, a summary writes twice: the text as a source, and
+    its provenance over it. The second write failing left the store (and the ledger's cache)
+    holding the text as plain evidence: a summary of dead sources allowed for good, in every
+    process, even after the store came back and the text was registered again."""
+
+    TEXTS: ClassVar[dict[str, str]] = {
+        "exact": "Summary: the retry ceiling is seven for the billing job",
+        "quoting": "Assistant: as summarized, Summary: the retry ceiling is seven for the billing job",
+    }
+
+    @pytest.mark.parametrize("kind", ["memory", "sqlite"])
+    @pytest.mark.parametrize("operation", ["put_summary", "put_source"])
+    @pytest.mark.parametrize("text", sorted(TEXTS))
+    def test_a_failed_registration_never_turns_a_summary_into_evidence(
+        self, tmp_path: Path, kind: str, operation: str, text: str
+    ) -> None:
+        """Either write failing: record_source raises, and the summary (or the text quoting it)
+        is still refused once its source is gone, by this guard and by a new one, and after
+        the text is registered again."""
+        path = tmp_path / "store.sqlite"
+        inner: Store = MemoryStore() if kind == "memory" else SQLiteStore(path)
+        store = Faulty(inner, operation)
+        guard = Guard(store=cast(Store, store))
+        guard.record_source(SOURCE, "config_read", "cfg")
+        guard(lambda t: self.TEXTS["exact"], summarizer="s")(SOURCE)
+        inner.evict("cfg")
+        registered = self.TEXTS[text]
+        store.failing = True
+        with pytest.raises(OSError):
+            guard.record_source(registered, "ai_turn", "msg-1")
+        store.failing = False
+        later = Guard(store=inner if kind == "memory" else SQLiteStore(path))
+        for deciding in (guard, later):
+            assert deciding.check(registered, summarizer="p").effect == "deny"
+        guard.record_source(registered, "ai_turn", "msg-1")
+        for deciding in (
+            guard,
+            later,
+            Guard(store=inner if kind == "memory" else SQLiteStore(path)),
+        ):
+            region = deciding.provenance(registered)
+            assert region.depth == 1 and "cfg" in region.sources
+            assert deciding.check(registered, summarizer="p").effect == "deny"
+
+
+class TestRegisteringWhileTheStoreFailsToRead:
+    """False refusal (found with tests/test_fault_sweep.py): a store read failing while a new text
+    was being registered made the ledger record the text as a summary of an unverifiable source,
+    in the store: one transient failure refused every later summary of that original, in every
+    process. Registering now raises the failure, and nothing is recorded."""
+
+    @pytest.mark.parametrize("kind", ["memory", "sqlite"])
+    def test_a_read_failing_during_registration_is_raised_not_recorded(
+        self, tmp_path: Path, kind: str
+    ) -> None:
+        """record_source raises the store's error; registered again, the text is evidence."""
+        path = tmp_path / "store.sqlite"
+        inner: Store = MemoryStore() if kind == "memory" else SQLiteStore(path)
+        store = Faulty(inner, "lookup", after=1)  # the second lookup: inside recognition
+        guard = Guard(store=cast(Store, store))
+        store.failing = True
+        with pytest.raises(OSError):
+            guard.record_source(SOURCE, "config_read", "cfg")
+        store.failing = False
+        guard.record_source(SOURCE, "config_read", "cfg")
+        for deciding in (guard, Guard(store=inner if kind == "memory" else SQLiteStore(path))):
+            assert deciding.provenance(SOURCE).depth == 0
+            assert deciding.check(SOURCE, summarizer="p").effect == "allow"
+
+
+class TestSummariesStartingInsideAFoundText:
+    """A summary the ledger's cache does not hold is looked for in the store by anchor, but not
+    at positions inside a known text already found: a summary starting with (or inside) a live
+    source's text, verbatim, and going on past it was missed there, and the input rested on the
+    live source alone (allowed). Seen when the cache is past `max_texts` or the store no longer
+    holds the summary's text (a bounded MemoryStore), e.g. in a new process."""
+
+    TOOL = "tool output: 3 files changed in billing/"
+    TAIL = " and the retry ceiling is seven"
+    SUMMARIES: ClassVar[dict[str, str]] = {
+        "same start": TOOL + TAIL,
+        "starts inside": TOOL[14:] + TAIL,
+    }
+
+    def record(self, guard: Guard, summary: str) -> None:
+        guard.record_source(self.TOOL, "tool_output", "tool")
+        guard.record_source(SOURCE, "config_read", "cfg")
+        guard(lambda v: summary, summarizer="s")([self.TOOL, SOURCE])
+
+    @pytest.mark.parametrize("shape", sorted(SUMMARIES))
+    def test_past_the_ledgers_cache(self, shape: str) -> None:
+        """The source registered again (an adapter archiving the turn) is the one text cached."""
+        store = MemoryStore()
+        guard = Guard(store=store, max_texts=1)
+        self.record(guard, self.SUMMARIES[shape])
+        guard.record_source(self.TOOL, "tool_output", "tool")
+        store.evict("cfg")
+        value = "Note: " + self.TOOL + self.TAIL
+        region = guard.provenance(value)
+        assert region.depth == 1 and "cfg" in region.sources
+        assert guard.check(value, summarizer="p").effect == "deny"
+
+    @pytest.mark.parametrize("shape", sorted(SUMMARIES))
+    def test_a_new_guard_on_a_store_that_forgot_the_summarys_text(self, shape: str) -> None:
+        """A bounded MemoryStore keeps the summary's entry, not its text: a restarted guard
+        caches the source's text and must ask the store about the summary."""
+        store = MemoryStore(max_sources=3)
+        guard = Guard(store=store)
+        self.record(guard, self.SUMMARIES[shape])
+        for letter in "abcd":  # newer summaries push the first one's text out of the store
+            guard(lambda v, t=letter: f"another summary {t} of the billing job", summarizer="s")(
+                self.TOOL
+            )
+        store.evict("cfg")
+        later = Guard(store=store)
+        value = "Note: " + self.TOOL + self.TAIL
+        region = later.provenance(value)
+        assert region.depth == 1 and "cfg" in region.sources
+        assert later.check(value, summarizer="p").effect == "deny"
+
+
+class TestLangChainServerToolCallChunks:
+    """False refusal: LangChain v1's `server_tool_call_chunk` block (a streamed server-side
+    tool call, beside `tool_call_chunk`) was an unsupported block type: a TypeError, so the call
+    was refused. It is read like the other tool calls, its (partial) arguments verbatim."""
+
+    def test_a_server_tool_call_chunk_is_read_and_a_summary_in_it_found(self) -> None:
+        guard, summary = summarized_then_evicted("Summary: the retry ceiling is seven for billing")
+        block = {"type": "server_tool_call_chunk", "name": "web_search", "args": summary}
+        value = {"role": "assistant", "content": [block]}
+        assert guard.provenance(value).depth == 1
+        assert guard.check(value, summarizer="p").effect == "deny"
+        fresh = {"type": "server_tool_call_chunk", "name": "web_search", "args": '{"q": "dep'}
+        assert guard.check({"role": "assistant", "content": [fresh]}, summarizer="p").effect == (
+            "allow"
+        )
+
+
+class TestArchivingASummarysText:
+    """With `archive_originals`, unrecognised content is stored as a source after a grant. A
+    short summary inside a longer unit is not recognised there (docs/inputs.md), so its text
+    could be archived exactly; the ledger then cached it as plain evidence over the summary (the
+    store keeps the summary, 577fedf), and this guard allowed the summary itself for good."""
+
+    def test_an_archived_copy_of_a_short_summary_leaves_it_a_summary(self) -> None:
+        """The summary, given whole, is still refused by this guard and a new one (texts
+        without numbers: the output check has nothing to say)."""
+        store = MemoryStore()
+        guard = Guard(store=store, archive_originals=True)
+        tool = "tool output: the billing files changed today"
+        config = "config read: the deploy window opens in the morning on weekdays"
+        guard.record_source(tool, "tool_output", "tool")
+        guard.record_source(config, "config_read", "cfg")
+        summary = guard(lambda text: "OK, mornings.", summarizer="s")(config)
+        guard(lambda text: "a summary of the tool output", summarizer="s")([tool + summary])
+        store.evict("cfg")
+        for deciding in (guard, Guard(store=store)):
+            assert deciding.provenance([summary]).depth == 1
+            assert deciding.check([summary], summarizer="p").effect == "deny"
