@@ -234,8 +234,8 @@ class PolicySet:
     reads: tuple[tuple[str, tuple[str, ...] | None], ...] = field(
         init=False, repr=False, compare=False
     )
-    #: The policies of each phase, with their whole programs.
-    _phases: Mapping[str, tuple[tuple[Policy, Program | None], ...]] = field(
+    #: The policies of each phase, with their whole programs, and what they read (`_reads`).
+    _phases: Mapping[str, tuple[tuple[tuple[Policy, Program | None], ...], _Reading]] = field(
         init=False, repr=False, compare=False
     )
 
@@ -244,9 +244,12 @@ class PolicySet:
         object.__setattr__(self, "programs", programs)
         object.__setattr__(self, "checks_output", any(p.phase == "output" for p in self.policies))
         object.__setattr__(self, "reads", _reads(self.policies))
-        phases: dict[str, tuple[tuple[Policy, Program | None], ...]] = {}
+        members: dict[str, tuple[tuple[Policy, Program | None], ...]] = {}
         for policy, program in zip(self.policies, programs, strict=True):
-            phases[policy.phase] = (*phases.get(policy.phase, ()), (policy, program))
+            members[policy.phase] = (*members.get(policy.phase, ()), (policy, program))
+        phases = {
+            phase: (pairs, _reads(tuple(p for p, _ in pairs))) for phase, pairs in members.items()
+        }
         object.__setattr__(self, "_phases", phases)
 
     def decide(
@@ -264,17 +267,18 @@ class PolicySet:
         refusal, an error, an explanation asked for) `_evaluate` runs its expressions one by
         one, to say which rule refused and why.
         """
+        members, reading = self._phases.get(phase, _NO_PHASE)
         unreadable, sizes = _inspect(activation)
         context = None
         if unreadable is None:
             try:
-                context = self.backend.context(_read(activation, self.reads))
+                context = self.backend.context(_read(activation, reading))
             except Exception as exc:  # a value the backend cannot convert: decided, not raised
                 unreadable = f"the activation cannot be converted: {type(exc).__name__}: {exc}"
         violations: list[Violation] = []
         errors: list[Violation] = []
         explanation: list[dict[str, Any]] = []
-        for policy, program in self._phases.get(phase, ()):
+        for policy, program in members:
             if unreadable is not None:
                 report = _unreadable(policy, unreadable, violations, errors)
             elif not explain and _allows(policy, program, self.backend, context, sizes):
@@ -332,16 +336,19 @@ def _reads(policies: tuple[Policy, ...]) -> tuple[tuple[str, tuple[str, ...] | N
     )
 
 
-def _read(
-    activation: Mapping[str, Any], reads: tuple[tuple[str, tuple[str, ...] | None], ...]
-) -> dict[str, Any]:
-    """The part of `activation` that `reads` names: what the backend has to convert.
+#: What one phase's policies read (`_reads` of them), as `_read` takes it.
+_Reading = tuple[tuple[str, tuple[str, ...] | None], ...]
+_NO_PHASE: tuple[tuple[tuple[Policy, Program | None], ...], _Reading] = ((), ())
+
+
+def _read(activation: Mapping[str, Any], reading: _Reading) -> dict[str, Any]:
+    """The part of `activation` that `reading` names: what the backend has to convert.
 
     A variable the expressions use whole, or that is not a mapping, is passed as it is; a
     field the activation lacks stays absent (reading it is the same error as before).
     """
     given: dict[str, Any] = {}
-    for name, fields in reads:
+    for name, fields in reading:
         value = activation.get(name, _ABSENT)
         if value is _ABSENT:
             continue
