@@ -109,7 +109,9 @@ class CelExprBackend:
             raise _compile_error(exc) from None
 
     def context(self, activation: Mapping[str, Any]) -> Any:
-        return _Context(self._env, dict(activation))
+        # the engine's cut of the activation is its own (`_policy._read`): no copy of it
+        data = activation if type(activation) is dict else dict(activation)
+        return _Context(self._env, data)
 
     def bind(self, context: Any, variables: Mapping[str, Any]) -> Any:
         bound = {name: _bindable(value) for name, value in variables.items()}

@@ -379,9 +379,10 @@ def _allows(
     if sizes is not None and any(e.over_limits(sizes) for e in policy.deciding):
         return False
     try:
-        return backend.to_python(program.evaluate(context)) is True
+        result = program.evaluate(context)
     except EvaluationError:
         return False
+    return result is True or backend.to_python(result) is True
 
 
 def unrepresentable(activation: Mapping[str, Any]) -> str | None:

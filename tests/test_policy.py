@@ -542,6 +542,13 @@ class TestOneProgramPerPolicy:
                 {"depth": 6},
             ),
             ("", "    - name: d\n      expression: dyn(region.depth)\n", {}),  # not a bool
+            # a rule that is not a bool beside one that holds: `&&` of them is no grant
+            (
+                "",
+                "    - name: d\n      expression: dyn(region.depth)\n"
+                "    - name: t\n      expression: region.depth >= 0\n",
+                {},
+            ),
             # every rule is evaluated: an error after a refusal is reported too
             (
                 "  failurePolicy: allow\n",
