@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Any, Literal
 
 from policyhook import _celcheck
@@ -250,7 +251,7 @@ class PolicySet:
         phases = {
             phase: (pairs, _reads(tuple(p for p, _ in pairs))) for phase, pairs in members.items()
         }
-        object.__setattr__(self, "_phases", phases)
+        object.__setattr__(self, "_phases", MappingProxyType(phases))  # never changed
 
     def decide(
         self, activation: Mapping[str, Any], *, explain: bool = False, phase: str = "input"
