@@ -113,14 +113,21 @@ def build(
 ) -> dict[str, dict[str, Any]]:
     """The activation for one decision, as plain data."""
     sources = sorted(region.sources)
+    if not live:
+        live_sources, dead_sources = [], list(sources)
+    elif isinstance(live, set | frozenset) and live >= region.sources:  # the usual: none gone
+        live_sources, dead_sources = list(sources), []
+    else:
+        live_sources = [s for s in sources if s in live]
+        dead_sources = [s for s in sources if s not in live]
     return {
         "region": {
             "id": region.id,
             "kind": region.kind,
             "depth": region.depth,
             "sources": sources,
-            "live_sources": [s for s in sources if s in live],
-            "dead_sources": [s for s in sources if s not in live],
+            "live_sources": live_sources,
+            "dead_sources": dead_sources,
             "source_kinds": sorted(region.source_kinds),
             "tokens": region.chars // 4 if tokens is None else tokens,
             "chars": region.chars,

@@ -10,12 +10,14 @@ chooses between them.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import operator
 import sys
 import threading
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import celpy
@@ -105,6 +107,39 @@ def parse(source: str) -> lark.Tree[Any]:
     if depth > MAX_NESTING:
         raise CompileError(f"expression nests {depth} levels deep, over {MAX_NESTING}")
     return tree
+
+
+@functools.lru_cache(maxsize=4096)  # a pure function of its text; a reload re-reads the same
+def fields_read(source: str) -> Mapping[str, frozenset[str] | None]:
+    """The top-level names `source` reads, each with the fields selected from it (`region.kind`
+    gives `{"region": {"kind"}}`), or None where the name is used whole (`size(region)`,
+    `region["kind"]`, `[region]`): then every field may matter.
+
+    Sound by construction: a name counts as read field by field only where every use of it is
+    a `name.field` select, so an activation cut down to these fields evaluates exactly as the
+    whole one. Macro variables and names the activation lacks are listed too; callers keep the
+    names they know.
+    """
+    tree = parse(source)
+    read: dict[str, set[str] | None] = {}
+    selected: set[int] = set()  # the ident nodes that are the root of a `name.field` select
+    for node in tree.iter_subtrees():
+        if node.data != "member_dot":
+            continue
+        target, field = node.children
+        primary = target.children[0] if isinstance(target, lark.Tree) else None
+        if not (isinstance(primary, lark.Tree) and primary.data == "primary"):
+            continue
+        root = primary.children[0]
+        if isinstance(root, lark.Tree) and root.data in ("ident", "dot_ident"):
+            selected.add(id(root))
+            fields = read.setdefault(str(root.children[0]), set())
+            if fields is not None:
+                fields.add(str(field))
+    for node in tree.iter_subtrees():
+        if node.data in ("ident", "dot_ident") and id(node) not in selected:
+            read[str(node.children[0])] = None  # used whole
+    return MappingProxyType({n: None if f is None else frozenset(f) for n, f in read.items()})
 
 
 def _depth(tree: lark.Tree[Any]) -> int:

@@ -41,19 +41,27 @@ _POSITION = re.compile(r"<input>:(\d+):(\d+): (.*)")
 
 
 class _Context:
-    """One decision's data; the C++ activation is built from it once, on first use."""
+    """One decision's data, converted by the C++ runtime when an expression reads it.
 
-    __slots__ = ("_activation", "_env", "data")
+    The first evaluation passes the data itself (`eval(data=...)`, the cheapest way in: a grant
+    is one evaluation); a second one makes a C++ activation, kept for the rest of the decision
+    (a refusal is explained expression by expression). Neither is shared between threads."""
 
-    def __init__(self, env: Any, data: dict[str, Any]) -> None:
+    __slots__ = ("_activation", "_env", "_used", "data")
+
+    def __init__(self, env: Any, data: dict[str, Any], *, many: bool = False) -> None:
         self._env = env
         self.data = data
         self._activation: Any = None
+        self._used = many  # known to serve many evaluations: an activation from the first
 
-    def activation(self) -> Any:
+    def evaluate(self, expression: Any) -> Any:
+        if not self._used:
+            self._used = True
+            return expression.eval(data=self.data)
         if self._activation is None:
             self._activation = self._env.Activation(self.data)
-        return self._activation
+        return expression.eval(self._activation)
 
 
 class _CelExprProgram:
@@ -64,7 +72,7 @@ class _CelExprProgram:
 
     def evaluate(self, context: Any) -> Any:
         try:
-            value = self._expression.eval(context.activation())
+            value = context.evaluate(self._expression)
             result = value.value()
         except Exception as exc:  # conversion of the activation, or a runtime failure
             raise EvaluationError(f"{type(exc).__name__}: {exc}") from None
@@ -101,11 +109,14 @@ class CelExprBackend:
             raise _compile_error(exc) from None
 
     def context(self, activation: Mapping[str, Any]) -> Any:
-        return _Context(self._env, dict(activation))
+        # the engine's cut of the activation is its own (`_policy._read`): no copy of it
+        data = activation if type(activation) is dict else dict(activation)
+        return _Context(self._env, data)
 
     def bind(self, context: Any, variables: Mapping[str, Any]) -> Any:
         bound = {name: _bindable(value) for name, value in variables.items()}
-        return _Context(self._env, {**context.data, "variables": bound})
+        # a policy's variables are bound to explain it, expression by expression
+        return _Context(self._env, {**context.data, "variables": bound}, many=True)
 
     def to_python(self, value: Any) -> Any:
         return value  # `evaluate` already returns plain Python values

@@ -176,8 +176,11 @@ class GuardedCall:
         """
         if self._outcome is not None:
             raise RuntimeError(f"guarded call of {self.summarizer!r} was already recorded")
-        if isinstance(output, str) and remedies.POINTER_PREFIX in _joined(self._value):
-            output = cast(T, remedies.carried(_shapes.read(self._value), output))
+        if isinstance(output, str):
+            value = self._value
+            text = value if type(value) is str else _joined(value)  # a str input: as it is
+            if remedies.POINTER_PREFIX in text:
+                output = cast(T, remedies.carried(_shapes.read(value), output))
         # output-phase policies decide before anything is recorded (UnsafeRecompactionError)
         output = self._guard._check_output(output, self)
         self._outcome = self._guard._record(output, self._resolution, self.request.window, self)

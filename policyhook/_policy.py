@@ -12,10 +12,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Any, Literal
 
 from policyhook import _celcheck
-from policyhook._cel import Backend, CompileError, EvaluationError, Program
+from policyhook._cel import Backend, CompileError, EvaluationError, Program, fields_read
 
 
 class Effect(StrEnum):
@@ -92,13 +93,32 @@ class Decision:
         return self.effect != Effect.DENY
 
     @classmethod
-    def _made(cls, **fields: Any) -> Decision:
-        """`Decision(**fields)` given every field, without the frozen dataclass's `__setattr__`
-        call per field: the same object, made in a fifth of the time (`decide` makes one per
-        call)."""
+    def _made(cls, fields: dict[str, Any]) -> Decision:
+        """`Decision(**fields)` given a dict of every field, which it keeps as its `__dict__`:
+        the same object as the constructor's (equal, same hash and repr), without the frozen
+        dataclass's `__setattr__` call per field (`decide` makes one per call)."""
         decision = object.__new__(cls)
-        decision.__dict__.update(fields)
+        object.__setattr__(decision, "__dict__", fields)
         return decision
+
+
+#: Every field of an allowing `Decision` but the five each decision sets: copied by `decide`.
+_ALLOWED: dict[str, Any] = {
+    "decision_id": "",
+    "effect": Effect.ALLOW,
+    "revision": "",
+    "region_id": "",
+    "depth": 0,
+    "dead_sources": (),
+    "policy": "",
+    "rule": "",
+    "message": "",
+    "mode": "",
+    "remedy": "",
+    "violations": (),
+    "errors": (),
+    "explanation": (),
+}
 
 
 # -- compiled form ------------------------------------------------------------------------------
@@ -161,10 +181,14 @@ class Policy:
 def whole_program(policy: Policy, backend: Backend) -> Program | None:
     """`policy` as one program, so that a call it allows costs one evaluation.
 
-    The program gives `false` when a matchCondition does not hold (tested in order), else the
-    list of the rules' results, with the variables bound by CEL's `cel.bind` (each map holds the
-    variables so far, as `_evaluate` binds them); its last element, `size(variables) == n`, makes
-    the runtime evaluate every variable, as `_evaluate` does, though it binds them lazily.
+    The program gives `true` when the policy allows the call with no error: a matchCondition
+    (tested in order) does not hold, or every rule holds. Its rules are joined with CEL's `&&`,
+    which is `true` only when every operand is `true` (a `false` or an error anywhere gives
+    `false` or an error, never `true`; so does an operand that is not a bool), so one `true`
+    stands for the whole outcome and anything else sends `decide` to `_evaluate`, expression by
+    expression. The variables are bound by CEL's `cel.bind` (each map holds the variables so
+    far, as `_evaluate` binds them); the last operand, `size(variables) == n`, makes the runtime
+    evaluate every variable, as `_evaluate` does, though it binds them lazily.
     None when the backend cannot bind (cel-python has no `cel.bind`) or the whole is over the
     expression bounds: then `_evaluate` decides alone.
     """
@@ -173,7 +197,7 @@ def whole_program(policy: Policy, backend: Backend) -> Program | None:
     results = [_grouped(rule.expression.source) for rule in policy.rules]
     if policy.variables:
         results.append(f"size(variables) == {len(policy.variables)}")
-    body = "[" + ", ".join(results) + "]"
+    body = " && ".join(results) or "true"
     maps: list[str] = []
     for index, variable in enumerate(policy.variables):
         entries = [f'"{v.name}": variables.{v.name}' for v in policy.variables[:index]]
@@ -182,7 +206,7 @@ def whole_program(policy: Policy, backend: Backend) -> Program | None:
     for bound in reversed(maps):
         body = f"cel.bind(variables, {bound}, {body})"
     for condition in reversed(policy.match_conditions):
-        body = f"{_grouped(condition.source)} ? {body} : false"
+        body = f"{_grouped(condition.source)} ? ({body}) : true"
     try:
         return backend.compile(body)
     except CompileError:
@@ -206,11 +230,28 @@ class PolicySet:
     programs: tuple[Program | None, ...] = field(init=False, repr=False, compare=False)
     #: Whether any policy decides on the summarizer's output (`spec.phase: output`).
     checks_output: bool = field(init=False, repr=False, compare=False)
+    #: What the set's expressions read of the activation (`fields_read`, all expressions
+    #: together): each variable with its fields, None for a variable read whole.
+    reads: tuple[tuple[str, tuple[str, ...] | None], ...] = field(
+        init=False, repr=False, compare=False
+    )
+    #: The policies of each phase, with their whole programs, and what they read (`_reads`).
+    _phases: Mapping[str, tuple[tuple[tuple[Policy, Program | None], ...], _Reading]] = field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         programs = tuple(whole_program(policy, self.backend) for policy in self.policies)
         object.__setattr__(self, "programs", programs)
         object.__setattr__(self, "checks_output", any(p.phase == "output" for p in self.policies))
+        object.__setattr__(self, "reads", _reads(self.policies))
+        members: dict[str, tuple[tuple[Policy, Program | None], ...]] = {}
+        for policy, program in zip(self.policies, programs, strict=True):
+            members[policy.phase] = (*members.get(policy.phase, ()), (policy, program))
+        phases = {
+            phase: (pairs, _reads(tuple(p for p, _ in pairs))) for phase, pairs in members.items()
+        }
+        object.__setattr__(self, "_phases", MappingProxyType(phases))  # never changed
 
     def decide(
         self, activation: Mapping[str, Any], *, explain: bool = False, phase: str = "input"
@@ -220,24 +261,25 @@ class PolicySet:
         `phase`: the policies of which phase decide (`output` ones need `summary` in the
         activation).
 
-        A policy's whole program (`whole_program`) runs first: when it shows the policy allows
-        the call, with no error, that is the policy's whole outcome. Otherwise (a refusal, an
-        error, an explanation asked for) `_evaluate` runs its expressions one by one, to say which
-        rule refused and why.
+        Every value of the activation is checked (`_inspect`), but only what the expressions
+        read is converted for the backend (`reads`): the conversion is most of an evaluation's
+        cost. A policy's whole program (`whole_program`) runs first: when it shows the policy
+        allows the call, with no error, that is the policy's whole outcome. Otherwise (a
+        refusal, an error, an explanation asked for) `_evaluate` runs its expressions one by
+        one, to say which rule refused and why.
         """
+        members, reading = self._phases.get(phase, _NO_PHASE)
         unreadable, sizes = _inspect(activation)
         context = None
         if unreadable is None:
             try:
-                context = self.backend.context(activation)
+                context = self.backend.context(_read(activation, reading))
             except Exception as exc:  # a value the backend cannot convert: decided, not raised
                 unreadable = f"the activation cannot be converted: {type(exc).__name__}: {exc}"
         violations: list[Violation] = []
         errors: list[Violation] = []
         explanation: list[dict[str, Any]] = []
-        for policy, program in zip(self.policies, self.programs, strict=True):
-            if policy.phase != phase:
-                continue
+        for policy, program in members:
             if unreadable is not None:
                 report = _unreadable(policy, unreadable, violations, errors)
             elif not explain and _allows(policy, program, self.backend, context, sizes):
@@ -249,25 +291,79 @@ class PolicySet:
             if explain:
                 explanation.append(report)
         region = activation["region"]
-        enforced = [v for v in violations if v.mode == Mode.ENFORCE]
-        first = (enforced or violations or [None])[0]  # type: ignore[list-item]
-        effect = Effect.ALLOW if first is None else Effect.DENY if enforced else Effect.WOULD_DENY
-        return Decision._made(
-            decision_id=os.urandom(16).hex(),
-            effect=effect,
-            revision=self.revision,
-            region_id=str(region["id"]),
-            depth=int(region["depth"]),
-            dead_sources=tuple(region["dead_sources"]),
-            policy=first.policy if first else "",
-            rule=first.rule if first else "",
-            message=first.message if first else "",
-            mode=first.mode if first else "",
-            remedy=first.remedy if first else "",
-            violations=tuple(violations),
-            errors=tuple(errors),
-            explanation=tuple(explanation),
-        )
+        fields = _ALLOWED.copy()
+        fields["decision_id"] = os.urandom(16).hex()
+        fields["revision"] = self.revision
+        fields["region_id"] = str(region["id"])
+        fields["depth"] = int(region["depth"])
+        fields["dead_sources"] = tuple(region["dead_sources"])
+        if errors:
+            fields["errors"] = tuple(errors)
+        if explanation:
+            fields["explanation"] = tuple(explanation)
+        if violations:
+            enforced = [v for v in violations if v.mode == Mode.ENFORCE]
+            first = (enforced or violations)[0]
+            fields["effect"] = Effect.DENY if enforced else Effect.WOULD_DENY
+            fields["policy"] = first.policy
+            fields["rule"] = first.rule
+            fields["message"] = first.message
+            fields["mode"] = first.mode
+            fields["remedy"] = first.remedy
+            fields["violations"] = tuple(violations)
+        return Decision._made(fields)
+
+
+def _reads(policies: tuple[Policy, ...]) -> tuple[tuple[str, tuple[str, ...] | None], ...]:
+    """What `policies` read of an activation: each variable the expressions name (in any
+    phase, deciding or messages), with the fields selected from it, or None when one of them
+    uses it whole."""
+    read: dict[str, set[str] | None] = {}
+    for policy in policies:
+        expressions = [*policy.deciding]
+        for rule in policy.rules:
+            expressions += [e for e in (rule.message_expression, rule.remedy_expression) if e]
+        for expression in expressions:
+            for name, fields in fields_read(expression.source).items():
+                if name == "variables":  # the policy's own, bound by the engine
+                    continue
+                if fields is None or read.get(name, set()) is None:
+                    read[name] = None
+                else:
+                    read[name] = read.get(name, set()) | fields  # type: ignore[operator]
+    return tuple(
+        (name, None if fields is None else tuple(sorted(fields)))
+        for name, fields in sorted(read.items())
+    )
+
+
+#: What one phase's policies read (`_reads` of them), as `_read` takes it.
+_Reading = tuple[tuple[str, tuple[str, ...] | None], ...]
+_NO_PHASE: tuple[tuple[tuple[Policy, Program | None], ...], _Reading] = ((), ())
+
+
+def _read(activation: Mapping[str, Any], reading: _Reading) -> dict[str, Any]:
+    """The part of `activation` that `reading` names: what the backend has to convert.
+
+    A variable the expressions use whole, or that is not a mapping, is passed as it is; a
+    field the activation lacks stays absent (reading it is the same error as before).
+    """
+    given: dict[str, Any] = {}
+    for name, fields in reading:
+        value = activation.get(name, _ABSENT)
+        if value is _ABSENT:
+            continue
+        if fields is None or (type(value) is not dict and not isinstance(value, Mapping)):
+            given[name] = value
+            continue
+        try:
+            given[name] = {f: value[f] for f in fields}
+        except KeyError:
+            given[name] = {f: value[f] for f in fields if f in value}
+    return given
+
+
+_ABSENT: Any = object()
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -277,17 +373,17 @@ def _allows(
     policy: Policy, program: Program | None, backend: Backend, context: Any, sizes: Sizes
 ) -> bool:
     """Whether `program`, the policy's whole program, shows that the policy allows the call with
-    no error: a matchCondition that does not hold, or every rule true. False when it cannot tell
-    (no such program, an expression over the cost limits, an error, a rule that does not hold)."""
+    no error (it gives `true`). False when it cannot tell (no such program, an expression over
+    the cost limits, an error, a rule that does not hold)."""
     if program is None:
         return False
     if sizes is not None and any(e.over_limits(sizes) for e in policy.deciding):
         return False
     try:
-        result = backend.to_python(program.evaluate(context))
+        result = program.evaluate(context)
     except EvaluationError:
         return False
-    return result is False or (isinstance(result, list) and all(r is True for r in result))
+    return result is True or backend.to_python(result) is True
 
 
 def unrepresentable(activation: Mapping[str, Any]) -> str | None:
@@ -318,7 +414,7 @@ def _inspect(activation: Mapping[str, Any]) -> tuple[str | None, Sizes]:
     longest = 0
     usual = True
     for fields in activation.values():
-        if not isinstance(fields, Mapping):
+        if type(fields) is not dict and not isinstance(fields, Mapping):  # ABC check: slow
             continue
         for value in fields.values():
             kind = type(value)
@@ -326,10 +422,12 @@ def _inspect(activation: Mapping[str, Any]) -> tuple[str | None, Sizes]:
                 texts.append(value)
             elif kind is list or kind is tuple:
                 texts += value
-                longest = max(longest, len(value))
-            elif not (
-                kind is bool or kind is float or (kind is int and INT64_MIN <= value <= INT64_MAX)
-            ):
+                if len(value) > longest:
+                    longest = len(value)
+            elif kind is int:
+                if not INT64_MIN <= value <= INT64_MAX:
+                    usual = False
+            elif kind is not bool and kind is not float:
                 usual = False
     if not usual or not _ascii(texts):
         problem = unrepresentable(activation)

@@ -83,6 +83,20 @@ _DURATION_BUCKETS = (
 )
 _DEPTH_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 15, 20)
 
+#: The attributes of each instrument's points on every call, in the order `_counted` and
+#: `ended` give their values (docs/telemetry.md lists them).
+_KEYS: Mapping[str, tuple[str, ...]] = {
+    DECISIONS: (
+        "decision", "policy", "rule", "mode", "trigger", "summarizer", "region_kind",
+        "dead_sources",
+    ),
+    DECISION_DURATION: ("decision", "mode", "summarizer"),
+    REGION_DEPTH: ("decision", "summarizer"),
+    EVALUATION_ERRORS: ("policy", "rule", "outcome"),
+    CALLS: ("outcome", "summarizer"),
+}  # fmt: skip
+_MAX_ATTRIBUTE_SETS = 4096
+
 
 def capture_content_from_env() -> bool:
     """Whether POLICYHOOK_CAPTURE_CONTENT asks for region text and summaries on spans."""
@@ -95,8 +109,34 @@ _summarizer_error: ContextVar[int] = ContextVar("policyhook_summarizer_error", d
 
 
 def _untraced() -> Span:
-    """What the API's no-op tracer would give (the caller's context, not recording), cheaper."""
-    return NonRecordingSpan(trace.get_current_span().get_span_context())
+    """What the API's no-op tracer would give (the caller's context, not recording), cheaper:
+    the caller's own span when it does not record (nothing can be written on it), else a
+    non-recording span of its context (the guard never writes on the caller's span)."""
+    current = trace.get_current_span()
+    return current if not current.is_recording() else NonRecordingSpan(current.get_span_context())
+
+
+#: `summarizing` while nothing records (`nullcontext` keeps no state: shared by every call).
+_NOT_SUMMARIZING: AbstractContextManager[Span] = nullcontext(INVALID_SPAN)
+
+#: What `_unset` reads when the API keeps its global providers where it has since 1.0.
+_UNKNOWN: Any = object()
+
+
+def _unset(api: Any, attribute: str, provider: Any) -> bool:
+    """Whether the host has set no global provider yet (nothing could record), asked every call
+    while it has not, so one set later is joined at once (it can be set only once).
+
+    The API's own global is read (`opentelemetry.trace._TRACER_PROVIDER`, one attribute
+    lookup); `get_tracer_provider()` would also read the environment on every call while none
+    is set, ~1 µs, for a provider named there, which it loads on its first call (made when the
+    guard got its tracer and meter). An API that keeps the global elsewhere is asked the public
+    way, `provider()`: then the result is the proxy while unset.
+    """
+    current = getattr(api, attribute, _UNKNOWN)
+    if current is _UNKNOWN:
+        return type(provider()).__name__.startswith(("Proxy", "_Proxy"))
+    return current is None
 
 
 def _failed(what: str) -> None:
@@ -116,7 +156,12 @@ class Telemetry:
         self.capture_content = (
             capture_content_from_env() if capture_content is None else capture_content
         )
-        self._own_tracer_provider = tracer_provider is not None
+        # A provider given, or a global one once set (for good): every call records from then on.
+        self._tracing_on = tracer_provider is not None
+        self._metering_on = meter_provider is not None
+        #: Metric attributes by their values, made once per distinct set (they are few: the
+        #: attributes are low-cardinality by design); cleared past `_MAX_ATTRIBUTE_SETS`.
+        self._attributes: dict[tuple[Any, ...], dict[str, Any]] = {}
         try:
             self.tracer = trace.get_tracer(SCOPE, VERSION, tracer_provider=tracer_provider)
         except Exception:
@@ -203,8 +248,11 @@ class Telemetry:
                 raise
 
     def summarizing(self, summarizer: str) -> AbstractContextManager[Span]:
-        """The summarizer's own work, as a child span; its exception is recorded and re-raised."""
-        return self._summarizing(summarizer) if self._tracing() else nullcontext(_untraced())
+        """The summarizer's own work, as a child span; its exception is recorded and re-raised.
+
+        Untraced, the span is INVALID_SPAN: nothing reads it (the guard span carries the
+        caller's context for the decision log)."""
+        return self._summarizing(summarizer) if self._tracing() else _NOT_SUMMARIZING
 
     @contextmanager
     def _summarizing(self, summarizer: str) -> Iterator[Span]:
@@ -228,9 +276,35 @@ class Telemetry:
 
     def _tracing(self) -> bool:
         """False while nobody could record a span: no provider given and no global one set."""
-        return self._own_tracer_provider or not isinstance(
-            trace.get_tracer_provider(), trace.ProxyTracerProvider
-        )
+        if not self._tracing_on and not _unset(
+            trace, "_TRACER_PROVIDER", trace.get_tracer_provider
+        ):
+            self._tracing_on = True
+        return self._tracing_on
+
+    def _metering(self) -> bool:
+        """False while no metric point could be recorded: no provider given, no global one set.
+
+        The instruments are then the API's proxies, which a provider set later connects (they
+        record from the next call on); until then, no point is built for them.
+        """
+        if not self._metering_on and not _unset(
+            metrics._internal, "_METER_PROVIDER", metrics.get_meter_provider
+        ):
+            self._metering_on = True
+        return self._metering_on
+
+    def _attributes_of(self, *values: Any) -> dict[str, Any]:
+        """The metric attributes for `values` (the instrument's name first, then its
+        attributes' values in the order of `_KEYS`), made once per distinct set. Never
+        mutated: instruments only read them."""
+        attributes = self._attributes.get(values)
+        if attributes is None:
+            if len(self._attributes) >= _MAX_ATTRIBUTE_SETS:
+                self._attributes = {}
+            attributes = dict(zip(_KEYS[values[0]], values[1:], strict=True))
+            self._attributes[values] = attributes
+        return attributes
 
     @contextmanager
     def _start(self, name: str, **options: Any) -> Iterator[Span]:
@@ -345,30 +419,37 @@ class Telemetry:
             span.set_attribute("policyhook.region.text", content)
 
     def _counted(self, decision: Decision, activation: Mapping[str, Any], seconds: float) -> None:
+        if not self._metering():
+            return
         region, summarizer = activation["region"], activation["summarizer"]["name"]
+        effect, mode = str(decision.effect), str(decision.mode)
         self.decisions.add(
             1,
-            {
-                "decision": decision.effect,
-                "policy": decision.policy,
-                "rule": decision.rule,
-                "mode": decision.mode,
-                "trigger": activation["request"]["trigger"],
-                "summarizer": summarizer,
-                "region_kind": region["kind"],
-                "dead_sources": "true" if region["dead_sources"] else "false",
-            },
+            self._attributes_of(
+                DECISIONS,
+                effect,
+                decision.policy,
+                decision.rule,
+                mode,
+                activation["request"]["trigger"],
+                summarizer,
+                region["kind"],
+                "true" if region["dead_sources"] else "false",
+            ),
         )
         self.duration.record(
-            seconds, {"decision": decision.effect, "mode": decision.mode, "summarizer": summarizer}
+            seconds, self._attributes_of(DECISION_DURATION, effect, mode, summarizer)
         )
-        self.depth.record(region["depth"], {"decision": decision.effect, "summarizer": summarizer})
+        self.depth.record(region["depth"], self._attributes_of(REGION_DEPTH, effect, summarizer))
         for error in decision.errors:
             # What failurePolicy did to the call: refused it, would have (audit/warn), let it pass.
             outcome = Effect.ALLOW
             if error in decision.violations:
                 outcome = Effect.DENY if error.mode == Mode.ENFORCE else Effect.WOULD_DENY
-            self.errors.add(1, {"policy": error.policy, "rule": error.rule, "outcome": outcome})
+            attributes = self._attributes_of(
+                EVALUATION_ERRORS, error.policy, error.rule, str(outcome)
+            )
+            self.errors.add(1, attributes)
 
     def refused(self, span: Span, error: UnsafeRecompactionError) -> None:
         """Mark the span of a refused call: status ERROR, `error.type`, exception event."""
@@ -399,7 +480,8 @@ class Telemetry:
         except Exception:
             _failed("record a call's outcome on its span")
         try:
-            self.calls.add(1, {"outcome": outcome, "summarizer": summarizer})
+            if self._metering():
+                self.calls.add(1, self._attributes_of(CALLS, outcome, summarizer))
         except Exception:
             _failed("count a call's outcome")
 

@@ -542,6 +542,13 @@ class TestOneProgramPerPolicy:
                 {"depth": 6},
             ),
             ("", "    - name: d\n      expression: dyn(region.depth)\n", {}),  # not a bool
+            # a rule that is not a bool beside one that holds: `&&` of them is no grant
+            (
+                "",
+                "    - name: d\n      expression: dyn(region.depth)\n"
+                "    - name: t\n      expression: region.depth >= 0\n",
+                {},
+            ),
             # every rule is evaluated: an error after a refusal is reported too
             (
                 "  failurePolicy: allow\n",
@@ -608,6 +615,87 @@ class TestOneProgramPerPolicy:
         refused = compiled.decide(activation(dead_sources=["a"]))
         assert (refused.effect, refused.rule, refused.message) == ("deny", "live", "dead")
         assert one_by_one == ["p"]
+
+
+class TestOnlyWhatIsReadIsConverted:
+    """`decide` converts for the backend only the fields the set's expressions read
+    (`PolicySet.reads`); every decision must be the one the whole activation gives."""
+
+    @pytest.mark.parametrize(
+        ("source", "expected"),
+        [
+            ('region.kind == "x" && has(region.depth)', {"region": {"depth", "kind"}}),
+            ("size(region) > 0 && region.kind == 'a'", {"region": None}),
+            ("region['kind'] == 'a'", {"region": None}),
+            ("[region][0].kind == 'a'", {"region": None}),
+            ("region.a.b", {"region": {"a"}}),
+            (".region.sources.all(s, s in region.live_sources)",
+             {"region": {"live_sources", "sources"}, "s": None}),
+            ("variables.x && summarizer.name.startsWith('a')",
+             {"summarizer": {"name"}, "variables": {"x"}}),
+        ],
+    )  # fmt: skip
+    def test_fields_read(self, source: str, expected: dict[str, set[str] | None]) -> None:
+        """A name used other than as `name.field` is read whole (None)."""
+        from policyhook._cel import fields_read
+
+        read = {k: None if v is None else set(v) for k, v in fields_read(source).items()}
+        assert read == expected
+
+    def test_the_default_set_reads_a_few_fields(self, backend: Any) -> None:
+        """The embedded default converts 7 of the activation's 19 fields (and its rules,
+        messages and output policy read nothing else)."""
+        from policyhook._loader import load_default
+
+        assert dict(load_default(backend=backend).reads) == {
+            "region": ("dead_sources", "depth", "kind", "sources"),
+            "summarizer": ("idempotent", "lossless"),
+            "summary": ("ungrounded_kinds",),
+        }
+
+    @pytest.mark.parametrize(
+        ("spec", "rules", "region"),
+        [
+            ("", "    - name: has\n      expression: has(region.chars)\n", {}),
+            ("", "    - name: listed\n      expression: \"[region][0].id == 'r1'\"\n", {}),
+            # the message and the remedy read fields no rule reads
+            (
+                "",
+                "    - name: live\n      expression: size(region.dead_sources) == 0\n"
+                "      messageExpression: region.id + ' in ' + window.id\n"
+                "      remedyExpression: \"region.chars > 10 ? 'offload' : 'pin'\"\n",
+                {"dead_sources": ["a"]},
+            ),
+            # a variable holding the whole region, read field by field later
+            (
+                "  variables:\n    - name: r\n      expression: region\n",
+                "    - name: via\n      expression: variables.r.tokens == 10\n",
+                {},
+            ),
+            # a macro variable named like the activation's variable
+            (
+                "",
+                "    - name: m\n      expression: region.sources.all(region, region != 'x')\n",
+                {},
+            ),
+        ],
+    )
+    def test_same_decision_as_the_whole_activation(
+        self,
+        compile_policy: Compile,
+        monkeypatch: pytest.MonkeyPatch,
+        spec: str,
+        rules: str,
+        region: dict[str, Any],
+    ) -> None:
+        """Rules, messages and remedies see every field they read, with its value."""
+        compiled = compile_policy(policy(rules, spec=spec))
+        act = activation(**region)
+        cut = compiled.decide(act)
+        monkeypatch.setattr(engine, "_read", lambda activation, reads: dict(activation))
+        whole = compiled.decide(act)
+        assert (outcome(cut), cut.remedy) == (outcome(whole), whole.remedy)
+        assert cut.effect == ("deny" if region else "allow"), cut
 
 
 def test_shipped_policy_tests_pass_under_every_backend(backend: Any) -> None:

@@ -269,6 +269,112 @@ class TestScopeAndApi:
         assert out.stdout.strip() == str(sorted([SPAN_NAME, SUMMARIZE_SPAN_NAME])), out.stderr
 
 
+class TestWithoutAProvider:
+    """With the OTel API and no provider, a call builds no span and no metric point; one set
+    later is joined from the next call on."""
+
+    def test_no_metric_point_is_built_while_no_provider_is_set(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """No global provider, none given: the instruments are never called, and a provider
+        given to another guard does not change that."""
+        # as in a process whose host set none (another test may have set them here)
+        monkeypatch.setattr(metrics._internal, "_METER_PROVIDER", None)
+        monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+        guard = policyhook.Guard()
+        called: list[str] = []
+        for name, method in (("decisions", "add"), ("duration", "record"), ("depth", "record"),
+                             ("calls", "add")):  # fmt: skip
+            instrument = getattr(guard._telemetry, name)
+            monkeypatch.setattr(instrument, method, lambda *a, n=name, **k: called.append(n))
+        summarizer(guard)("an original turn")
+        Otel().guard()  # another guard's own provider is not the global one
+        summarizer(guard)("another original turn")
+        assert called == []
+
+    def test_a_meter_provider_set_later_counts_from_the_next_call(self) -> None:
+        """Guard made, one call with no provider, then the host sets one: the next call is
+        counted, exactly once, with its attributes."""
+        code = textwrap.dedent(
+            """
+            from opentelemetry import metrics
+            from opentelemetry.sdk.metrics import MeterProvider
+            from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+            import policyhook
+            guard = policyhook.Guard()
+            @guard(summarizer="s")
+            def summarize(text):
+                return "a summary of it"
+            summarize("original text of a turn")      # no provider yet: nothing to count
+            reader = InMemoryMetricReader()
+            metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+            summarize("another original text")
+            counted = {}
+            for rm in reader.get_metrics_data().resource_metrics:
+                for sm in rm.scope_metrics:
+                    for m in sm.metrics:
+                        for p in m.data.data_points:
+                            counted[m.name] = (
+                                getattr(p, "value", None) or p.count, p.attributes["summarizer"])
+            print(sorted(counted.items()))
+            """
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+        )
+        assert out.stdout.strip() == str(
+            sorted(
+                {
+                    "policyhook.calls": (1, "s"),
+                    DECISIONS: (1, "s"),
+                    DECISION_DURATION: (1, "s"),
+                    REGION_DEPTH: (1, "s"),
+                }.items()
+            )
+        ), out.stderr
+
+    @pytest.mark.parametrize("api", [trace, metrics._internal])
+    def test_an_api_that_keeps_its_provider_elsewhere_is_asked(
+        self, api: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Without the API's global to read, `_unset` asks the public getter: unset while it
+        gives the proxy, set once it gives anything else."""
+        from policyhook import _telemetry
+
+        name = "_TRACER_PROVIDER" if api is trace else "_METER_PROVIDER"
+        proxy = trace.ProxyTracerProvider() if api is trace else metrics.get_meter_provider()
+        real = Otel()
+        monkeypatch.delattr(api, name)
+        assert type(proxy).__name__.endswith(("ProxyTracerProvider", "ProxyMeterProvider"))
+        assert _telemetry._unset(api, name, lambda: proxy) is True
+        assert _telemetry._unset(api, name, lambda: real.meter_provider) is False
+
+
+class TestMetricAttributes:
+    def test_made_once_per_distinct_set_and_bounded(
+        self, telemetry: Otel, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The same values give the same attribute dict; the cache forgets past its bound,
+        and what is counted is unchanged."""
+        from policyhook import _telemetry
+
+        guard = telemetry.guard()
+        summarize = summarizer(guard)
+        made = guard._telemetry._attributes_of
+        first = made(DECISIONS, "allow", "", "", "", "automatic", "s", "original", "false")
+        assert made(DECISIONS, "allow", "", "", "", "automatic", "s", "original", "false") is first
+        assert first == {
+            "decision": "allow", "policy": "", "rule": "", "mode": "", "trigger": "automatic",
+            "summarizer": "s", "region_kind": "original", "dead_sources": "false",
+        }  # fmt: skip
+        monkeypatch.setattr(_telemetry, "_MAX_ATTRIBUTE_SETS", 2)
+        for i in range(5):
+            summarize(f"original turn {i}")
+            assert len(guard._telemetry._attributes) <= 2
+        assert telemetry.total(DECISIONS, decision="allow") == 5
+        assert telemetry.total("policyhook.calls", outcome="summarized") == 5
+
+
 class TestSpans:
     def test_one_span_per_call_with_the_documented_attributes(self, telemetry: Otel) -> None:
         """A granted call makes one policyhook.guard span carrying every documented attribute."""
