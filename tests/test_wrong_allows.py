@@ -250,3 +250,32 @@ class TestArchivingASummarysText:
         for deciding in (guard, Guard(store=store)):
             assert deciding.provenance([summary]).depth == 1
             assert deciding.check([summary], summarizer="p").effect == "deny"
+
+
+class TestAClosureCachedPastItsSummarysEntry:
+    """Not fixed on this branch (reported): the ledger caches what each summary rests on
+    (`_closures`, 256 most recent) apart from its entries (`max_texts`), and forgets closures
+    only when a cached entry changes. A summary recorded again elsewhere (the same output from
+    another input: "No new information.") rests on more sources; a worker whose cache had
+    dropped the summary's entry but kept its closure learns the new entry and still decides on
+    the old closure, so it allows the summary once a source it now rests on is evicted."""
+
+    @pytest.mark.xfail(strict=True, reason="stale closure past max_texts: see the class docstring")
+    def test_a_summary_recorded_again_elsewhere_rests_on_both_inputs(self) -> None:
+        store = MemoryStore()
+        worker, other = Guard(store=store), Guard(store=store, max_texts=2)
+        first = "config read: the deploy window opens in the morning on weekdays"
+        second = "tool output: the billing files changed today, three of them"
+        summary = "No new information."
+        worker.record_source(first, "config_read", "first")
+        worker.record_source(second, "tool_output", "second")
+        worker(lambda v: summary, summarizer="s")(first)
+        assert other.check([summary], summarizer="p").effect == "allow"  # caches its closure
+        for tag in "xyz":  # the other worker's small cache moves on: the summary's entry drops
+            worker.record_source(f"another long registered text {tag} for the cache", "user_turn")
+            other.check(["an unrelated new turn, long enough to search"], summarizer="p")
+        worker(lambda v: summary, summarizer="s")(second)  # the same output, another input
+        other.check(["an unrelated new turn, long enough to search"], summarizer="p")
+        store.evict("second")
+        assert worker.check([summary], summarizer="p").effect == "deny"
+        assert other.check([summary], summarizer="p").effect == "deny"
