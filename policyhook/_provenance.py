@@ -890,7 +890,12 @@ class Ledger:
             self._summaries[entry.id] = entry
         while len(self._entries) > self.max_texts:
             _, dropped = self._entries.popitem(last=False)
-            self._summaries.pop(dropped.id, None)
+            if dropped.depth > 0:
+                self._summaries.pop(dropped.id, None)
+                # What rests on a summary no longer cached may grow unseen (recorded again
+                # elsewhere, learnt back as new): no closure may outlive the entries it was
+                # walked from, or a summary would be decided on sources it no longer rests on.
+                self._closures.clear()
             if dropped.digest in self._index:
                 self._index.discard(dropped.digest)
                 self._complete = False

@@ -253,14 +253,13 @@ class TestArchivingASummarysText:
 
 
 class TestAClosureCachedPastItsSummarysEntry:
-    """Not fixed on this branch (reported): the ledger caches what each summary rests on
-    (`_closures`, 256 most recent) apart from its entries (`max_texts`), and forgets closures
-    only when a cached entry changes. A summary recorded again elsewhere (the same output from
-    another input: "No new information.") rests on more sources; a worker whose cache had
-    dropped the summary's entry but kept its closure learns the new entry and still decides on
-    the old closure, so it allows the summary once a source it now rests on is evicted."""
+    """The ledger caches what each summary rests on (`_closures`, 256 most recent) apart from
+    its entries (`max_texts`). A summary recorded again elsewhere (the same output from another
+    input: "No new information.") rests on more sources; a worker whose cache had dropped the
+    summary's entry but kept its closure learnt the new entry and still decided on the old
+    closure, so it allowed the summary once a source it now rests on was evicted. Closures are
+    now forgotten when a summary's entry leaves the cache."""
 
-    @pytest.mark.xfail(strict=True, reason="stale closure past max_texts: see the class docstring")
     def test_a_summary_recorded_again_elsewhere_rests_on_both_inputs(self) -> None:
         store = MemoryStore()
         worker, other = Guard(store=store), Guard(store=store, max_texts=2)
