@@ -221,7 +221,28 @@ class TestGuardedSummarizationMiddleware:
         assert [s.split(":")[0] for s in decision.dead_sources] == ["untraced"]
         kinds = {source.kind for source, _ in guard.store.sources(100)}
         assert kinds == {"user_turn", "ai_turn", "tool_output"}
-        assert guard.store.get_source("langchain:a1") == "[tool call] pytest({})"
+        a1 = guard.ledger.text_id("langchain:a1", "[tool call] pytest({})")
+        assert guard.store.get_source(a1) == "[tool call] pytest({})"
+
+    def test_a_message_edited_in_place_keeps_the_old_text_derivable(self) -> None:
+        """A message edited under its id is a new source: the old text stays held, so a summary
+        made from it rests on sources that can still give it back (one id per message let the
+        edit replace the text those summaries rest on, and they still counted as live)."""
+        guard = Guard()
+        middleware = GuardedSummarizationMiddleware(
+            FakeListChatModel(responses=["never"]),
+            guard=guard,
+            trigger=("messages", 4),
+            keep=("messages", 1),
+            remedy=False,
+        )
+        before = [HumanMessage("retry ceiling is 7", id="h1")]
+        after = [HumanMessage("retry ceiling is 9", id="h1")]
+        old = middleware._provenance(before, "thread-1")
+        region = guard.provenance(old, "thread-1")
+        middleware._provenance(after, "thread-1")  # the edit, recorded at the next pass
+        assert [guard.store.get_source(s) for s in region.sources] == ["retry ceiling is 7"]
+        assert guard.store.live(region.sources) == region.sources
 
 
 class TestRemedies:

@@ -83,7 +83,7 @@ class TestSummarizeMessages:
         assert [(d.effect, a["region"]["depth"]) for d, a in seen] == [("allow", 0)]
         assert result.running_summary.summary == SUMMARIES[0]
         assert chat.guard.ledger.resolve(SUMMARIES[0], "chat-1").region.depth == 1
-        kinds = {(s.id, s.kind) for s, _ in chat.guard.store.sources(100)}
+        kinds = {(s.id.rsplit(":", 1)[0], s.kind) for s, _ in chat.guard.store.sources(100)}
         assert ("langmem:h0", "user_turn") in kinds and ("langmem:a1", "ai_turn") in kinds
 
     def test_no_decision_when_langmem_summarizes_nothing(self) -> None:

@@ -242,7 +242,9 @@ def _provenance(
         text = message_text(message)
         if message.id not in folded or not text.strip():
             continue
-        guard.record_source(text, message_kind(message), f"langmem:{message.id}")
+        # One id per text: a message edited in place is a new source (see the langchain adapter).
+        source_id = guard.ledger.text_id(f"langmem:{message.id}", text)
+        guard.record_source(text, message_kind(message), source_id)
         value.append(text)
     return value
 
