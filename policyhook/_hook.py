@@ -328,6 +328,12 @@ class Guard:
         """
         return self.ledger.record_source(text, kind, source_id, window=current_request().window)
 
+    def text_id(self, prefix: str, text: str) -> str:
+        """`prefix:<keyed digest of text>`: the same in every process sharing the store, and no
+        clue to a short text outside it. Adapters name a message's source with it, so a message
+        edited in place under its id is a new source and the old text stays held."""
+        return self.ledger.text_id(prefix, text)
+
     def provenance(self, value: Any, window: str | None = None) -> Region:
         """What `value` rests on in `window` (default: the current request's), without deciding.
 

@@ -221,7 +221,7 @@ class TestGuardedSummarizationMiddleware:
         assert [s.split(":")[0] for s in decision.dead_sources] == ["untraced"]
         kinds = {source.kind for source, _ in guard.store.sources(100)}
         assert kinds == {"user_turn", "ai_turn", "tool_output"}
-        a1 = guard.ledger.text_id("langchain:a1", "[tool call] pytest({})")
+        a1 = guard.text_id("langchain:a1", "[tool call] pytest({})")
         assert guard.store.get_source(a1) == "[tool call] pytest({})"
 
     def test_a_message_edited_in_place_keeps_the_old_text_derivable(self) -> None:

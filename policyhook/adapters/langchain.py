@@ -216,12 +216,10 @@ class GuardedSummarizationMiddleware(SummarizationMiddleware[Any, Any]):
             if not text.strip():
                 continue
             if not _is_summary(message):
-                # One id per text (`Ledger.text_id`): a message edited in place under its id
+                # One id per text (`Guard.text_id`): a message edited in place under its id
                 # is a new source, and the old text stays held for the summaries made from it.
                 source_id = (
-                    self.guard.ledger.text_id(f"langchain:{message.id}", text)
-                    if message.id
-                    else None
+                    self.guard.text_id(f"langchain:{message.id}", text) if message.id else None
                 )
                 self.guard.record_source(text, message_kind(message), source_id)
                 value.append(text)

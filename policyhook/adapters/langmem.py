@@ -243,7 +243,7 @@ def _provenance(
         if message.id not in folded or not text.strip():
             continue
         # One id per text: a message edited in place is a new source (see the langchain adapter).
-        source_id = guard.ledger.text_id(f"langmem:{message.id}", text)
+        source_id = guard.text_id(f"langmem:{message.id}", text)
         guard.record_source(text, message_kind(message), source_id)
         value.append(text)
     return value
