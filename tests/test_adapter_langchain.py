@@ -70,6 +70,17 @@ def _first_pass(agent: Any, config: dict[str, Any]) -> list[Any]:
     return _ask(agent, config, "q0: read config", "q1", "q2", "q3")
 
 
+def _never_summarizing(guard: Guard) -> GuardedSummarizationMiddleware:
+    """A middleware over `guard` whose model is never asked (remedy off): for provenance tests."""
+    return GuardedSummarizationMiddleware(
+        FakeListChatModel(responses=["never"]),
+        guard=guard,
+        trigger=("messages", 4),
+        keep=("messages", 1),
+        remedy=False,
+    )
+
+
 def _audit_policies() -> Any:
     text = resources.files("policyhook").joinpath("default_policy.yaml").read_text("utf-8")
     return compile_sources([("default.yaml", text)], force_audit=True)
@@ -196,13 +207,7 @@ class TestGuardedSummarizationMiddleware:
     def test_unknown_summary_message_rests_on_no_source(self) -> None:
         """A summary message the guard never recorded counts as resting on a dead source."""
         guard = Guard()
-        middleware = GuardedSummarizationMiddleware(
-            FakeListChatModel(responses=["never"]),
-            guard=guard,
-            trigger=("messages", 4),
-            keep=("messages", 1),
-            remedy=False,
-        )
+        middleware = _never_summarizing(guard)
         summary = middleware._build_new_messages("made by another process, long ago")[0]
         state = {
             "messages": [
@@ -229,13 +234,7 @@ class TestGuardedSummarizationMiddleware:
         made from it rests on sources that can still give it back (one id per message let the
         edit replace the text those summaries rest on, and they still counted as live)."""
         guard = Guard()
-        middleware = GuardedSummarizationMiddleware(
-            FakeListChatModel(responses=["never"]),
-            guard=guard,
-            trigger=("messages", 4),
-            keep=("messages", 1),
-            remedy=False,
-        )
+        middleware = _never_summarizing(guard)
         before = [HumanMessage("retry ceiling is 7", id="h1")]
         after = [HumanMessage("retry ceiling is 9", id="h1")]
         old = middleware._provenance(before, "thread-1")
