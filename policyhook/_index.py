@@ -106,10 +106,17 @@ class Index:
         return digest in self._digests
 
     def add(self, data: bytes, digest: str) -> None:
-        """Index a text (`data`: its UTF-8 bytes) under `digest`; shorter than MIN_BYTES: no-op."""
+        """Index a text (`data`: its UTF-8 bytes) under `digest`; shorter than MIN_BYTES: no-op.
+
+        Each digest has one copy in the automata: a text discarded and added again before its
+        level merged (a ledger's cache forgetting it and finding it again) is kept where it is,
+        so a working set cycling through a bounded cache does not pile up copies."""
         if len(data) < MIN_BYTES or digest in self._digests:
             return
-        self._dropped.discard(digest)
+        if digest in self._dropped:  # discarded but still in its automaton: find it there again
+            self._dropped.discard(digest)  # (a second copy would outlive every merge)
+            self._digests.add(digest)
+            return
         anchor, offset = self._anchor(data)
         self._used[anchor] = self._used.get(anchor, 0) + 1
         self._digests.add(digest)

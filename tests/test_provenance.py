@@ -375,6 +375,40 @@ class TestIndexMemory:
         found = {digest for _, _, digest in index.find(b" | ".join(texts[4800:]))}
         assert found == {f"d{i}" for i in range(4900, 5000)}
 
+    def test_texts_discarded_and_added_again_are_not_copied(self) -> None:
+        """A working set cycling through a bounded cache (64 texts, half of them discarded and
+        added again, 200 times) keeps one copy of each in the automata, not one per cycle, and
+        still finds exactly the ones held."""
+        index = Index()
+        texts = [(f"text number {i:05} " + "abcdefgh" * 8).encode() for i in range(64)]
+        for _ in range(200):
+            for i, data in enumerate(texts):
+                index.add(data, f"d{i}")
+            for i in range(0, 64, 2):
+                index.discard(f"d{i}")
+        held = sum(level.size for level in index._levels) + len(index._fresh)
+        assert len(index) == 32
+        assert held <= 2 * 64 + 2 * _BATCH and len(index._used) <= held
+        found = {digest for _, _, digest in index.find(b" | ".join(texts))}
+        assert found == {f"d{i}" for i in range(1, 64, 2)}
+
+    def test_a_ledger_cycling_summaries_through_its_cache_keeps_its_index_bounded(self) -> None:
+        """A ledger caching 8 texts, fed 32 summaries quoted inside longer turns 100 times over
+        (each found again in the store by anchor, cached and indexed, then forgotten), holds
+        at most a few batches of anchors, and recognises every one of them every time."""
+        ledger = Ledger(MemoryStore(), max_texts=8)
+        base = Region.of_source(Source("src", "tool_output"))
+        texts = [f"summary {i:03}: the retry ceiling is seven, read from config" for i in range(32)]
+        for text in texts:
+            ledger.record_summary(text, base, "w")
+        for _ in range(100):
+            for text in texts:
+                region = ledger.resolve(f"a turn quoting it: {text} and more after", "w").region
+                assert region.depth == 1 and "src" in region.sources
+        index = ledger._index
+        held = sum(level.size for level in index._levels) + len(index._fresh)
+        assert len(ledger._entries) == 8 and held <= 2 * 32 + 2 * _BATCH
+
 
 #: An index's life: add text i, discard text i, or search an input made of some of these texts
 #: or all of them (large: past `_LARGE_INPUT`, where levels merge and small ones are searched

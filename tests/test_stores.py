@@ -131,6 +131,17 @@ class TestMemoryStoreBounds:
 
 
 class TestSQLite:
+    def test_liveness_cache_stays_bounded(self, tmp_path: Path) -> None:
+        """A long run of new ids (here 70,000 asked at once) leaves at most 65,536 in the
+        liveness cache after the next read, which still answers exactly."""
+        store = SQLiteStore(tmp_path / "ph.db")
+        store.put_source(Source("a", "tool_output"), "text a")
+        store.put_source(Source("b", "tool_output"), "text b")
+        assert store.live([f"new-{i}" for i in range(70_000)] + ["a"]) == {"a"}
+        assert store.live(["a", "b", "new-1"]) == {"a", "b"}
+        assert len(store._expiry) <= 65_536
+        store.close()
+
     def test_survives_restart(self, tmp_path: Path) -> None:
         """Sources and summaries outlive the process: a new guard on the same file decides the same."""
         path = tmp_path / "ph.db"
