@@ -616,11 +616,18 @@ class Ledger:
         encoded: list[bytes] = []
         digests: list[str] = []
         messages: list[str] = []  # the digests of the str items, to look up whole
-        for item in items:
+        # Outputs are recorded stripped (`Guard._record`): a unit with whitespace around it is
+        # looked up stripped too, or a short output (never searched inside longer text) that
+        # comes back as the summarizer wrote it would pass for original content.
+        bare: dict[int, str] = {}
+        for at, item in enumerate(items):
             if isinstance(item, str):
                 data = encode(item)
                 messages.append(digest(secret, data))
                 digests.append(messages[-1])
+                stripped = item.strip()
+                if stripped != item:
+                    bare[at] = digest(secret, encode(stripped))
             else:
                 data = b""
                 digests.append(digest(secret, encode(item.text or item.id)))
@@ -629,14 +636,6 @@ class Ledger:
         unregistered: list[tuple[str, str]] = []
         closures: dict[str, frozenset[str]] = {}
         failure: Exception | None = None
-        # Outputs are recorded stripped (`Guard._record`): a unit with whitespace around it is
-        # looked up stripped too, or a short output (never searched inside longer text) that
-        # comes back as the summarizer wrote it would pass for original content.
-        bare = {
-            at: digest(secret, encode(item.strip()))
-            for at, item in enumerate(items)
-            if isinstance(item, str) and item.strip() != item
-        }
         known: dict[str, Entry] = {}
         try:
             known = self._fetch(messages + list(bare.values()))
