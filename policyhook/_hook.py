@@ -795,7 +795,7 @@ class Guard:
         # what the input rests on: only these may state a fact, not whatever else the
         # process-wide index holds from other calls (that would make an invented number
         # unverifiable instead of ungrounded, and a finding depend on the cache)
-        scope = live | set(call._activation["region"]["sources"])
+        scope = set(call._activation["region"]["sources"])  # live sources are among them
         try:  # per-fact provenance of the input's summaries, recorded by any process
             recorded = self.store.facts(call._resolution.summaries)
             carried = grounding.carried(r for facts in recorded.values() for r in facts)
