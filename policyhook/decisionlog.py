@@ -105,7 +105,9 @@ def activation_of(entry: Mapping[str, Any]) -> dict[str, Any]:
     Left-out items come back as placeholders (`"~omitted:1"`, …) that name no real source, so
     rules over sizes and ratios decide as they did; a rule naming a specific left-out id cannot.
     """
-    activation: dict[str, Any] = json.loads(json.dumps(entry["activation"]))
+    # A copy of each mapping on the way down (lists are replaced, never changed in place): the
+    # record stays as read. JSON values are trees, so copying the mappings is enough.
+    activation: dict[str, Any] = _copy_mappings(entry["activation"])
     for dotted, count in (entry.get("omitted") or {}).items():
         *parents, name = str(dotted).split(".")
         holder: Any = activation
@@ -114,6 +116,12 @@ def activation_of(entry: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(holder, dict) and isinstance(holder.get(name), list):
             holder[name] = holder[name] + [f"~omitted:{n}" for n in range(1, int(count) + 1)]
     return activation
+
+
+def _copy_mappings(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _copy_mappings(v) for k, v in value.items()}
+    return value
 
 
 def _bounded(value: Any, path: str, omitted: dict[str, int]) -> Any:

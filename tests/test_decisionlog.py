@@ -270,6 +270,19 @@ class TestBounded:
         assert region["sources"][: decisionlog.MAX_IDS] == record["activation"]["region"]["sources"]
         assert region["sources"][-1] == f"~omitted:{1_000 - decisionlog.MAX_IDS}"
 
+    def test_restoring_the_lists_leaves_the_record_as_read(self, tmp_path: Path) -> None:
+        """A record replayed twice (or printed after replay) still holds what the file holds."""
+        path = tmp_path / "log.jsonl"
+        with DecisionLog(path) as log:
+            log.write(decision(1), big_activation(1_000))
+        ((_, record),) = list(decisionlog.read(path))
+        as_read = json.dumps(record, sort_keys=True)
+        first = decisionlog.activation_of(record)
+        first["region"]["sources"].append("changed by a caller")
+        first["window"]["id"] = "changed by a caller"
+        assert json.dumps(record, sort_keys=True) == as_read
+        assert decisionlog.activation_of(record)["region"]["sources"][-1].startswith("~omitted:")
+
 
 class TestTornLines:
     def test_a_fragment_is_reported_and_the_record_glued_to_it_recovered(
