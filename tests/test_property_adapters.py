@@ -3,7 +3,7 @@
 A hypothesis state machine drives `create_agent` with `GuardedSummarizationMiddleware` (summarize
 at 6 messages, keep 2), the way an agent runs: a new turn per step, sources evicted from the store
 at random (one, or every one), the guard restarted over the same store (a new process: nothing
-cached), remedies on or off. The summarizing model records each prompt it is given; an oracle
+cached), over a MemoryStore or a SQLite file, remedies on or off. The summarizing model records each prompt it is given; an oracle
 computed from those prompts alone says what each summary rests on (the originals quoted in its
 prompt, and what the earlier summaries quoted there rest on). Each time the summarizing model is
 called, which is a grant, every summary in its prompt must rest only on originals the store still
@@ -20,6 +20,8 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,7 +40,7 @@ from langchain_core.language_models.fake_chat_models import (
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
-from policyhook import Guard, MemoryStore, UnsafeRecompactionError
+from policyhook import Guard, MemoryStore, SQLiteStore, Store, UnsafeRecompactionError
 from policyhook.adapters.langchain import GuardedSummarizationMiddleware
 
 WORDS = ["retry", "ceiling", "deploy", "window", "billing", "backoff", "jitter", "quota", "shard"]
@@ -77,7 +79,8 @@ class RecordingSummarizer(FakeListChatModel):
 class AgentLoop(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.store = MemoryStore()
+        self.directory = tempfile.TemporaryDirectory()
+        self.store: Store = MemoryStore()
         self.counter = itertools.count()
         self.originals: set[str] = set()  # every turn and answer the agent saw
         self.made_from: dict[str, frozenset[str]] = {}  # summary -> originals it rests on
@@ -87,14 +90,20 @@ class AgentLoop(RuleBasedStateMachine):
         self.config = {"configurable": {"thread_id": "thread-1"}}
         self.checkpointer = InMemorySaver()
 
-    @initialize(remedy=st.booleans(), max_texts=st.sampled_from([64, 65_536]))
-    def start(self, remedy: bool, max_texts: int) -> None:
+    @initialize(remedy=st.booleans(), max_texts=st.sampled_from([64, 65_536]), sqlite=st.booleans())
+    def start(self, remedy: bool, max_texts: int, sqlite: bool) -> None:
         self.remedy = remedy
         self.max_texts = max_texts
+        self.sqlite = sqlite
         self._new_agent()
 
     def _new_agent(self) -> None:
-        """A guard over the same store and an agent over the same thread: a restarted process."""
+        """A guard over the same store and an agent over the same thread: a restarted process
+        (over SQLite, a new connection to the same file: nothing of the old one cached)."""
+        if self.sqlite:
+            if isinstance(self.store, SQLiteStore):
+                self.store.close()
+            self.store = SQLiteStore(Path(self.directory.name) / "store.db")
         self.guard = Guard(store=self.store, max_texts=self.max_texts)
         middleware = GuardedSummarizationMiddleware(
             RecordingSummarizer(responses=["unused"], machine=self),
@@ -182,6 +191,11 @@ class AgentLoop(RuleBasedStateMachine):
     def no_summary_of_gone_originals(self) -> None:
         assert not self.violations, self.violations[0]
 
+    def teardown(self) -> None:
+        if isinstance(self.store, SQLiteStore):
+            self.store.close()
+        self.directory.cleanup()
+
 
 AgentLoop.TestCase.settings = settings(
     max_examples=25,
@@ -200,4 +214,5 @@ def test_the_oracle_sees_a_wrong_allow() -> None:
     machine.originals.add("question 00001 about retry")
     machine.made_from[first] = frozenset({"question 00001 about retry"})
     machine.summarized(f"{first}\nquestion 00002")
+    machine.teardown()
     assert machine.violations and "1 of its 1 sources are gone" in machine.violations[0]
