@@ -1,15 +1,17 @@
-"""Property: through a real LangChain agent, a summary whose originals are gone is never summarized.
+"""Property: through the real adapters, a summary whose originals are gone is never summarized.
 
-A hypothesis state machine drives `create_agent` with `GuardedSummarizationMiddleware` (summarize
-at 6 messages, keep 2), the way an agent runs: a new turn per step, sources evicted from the store
-at random (one, or every one), the guard restarted over the same store (a new process: nothing
-cached), over a MemoryStore or a SQLite file, remedies on or off. The summarizing model records each prompt it is given; an oracle
-computed from those prompts alone says what each summary rests on (the originals quoted in its
-prompt, and what the earlier summaries quoted there rest on). Each time the summarizing model is
-called, which is a grant, every summary in its prompt must rest only on originals the store still
-holds (`store.sources`, the store's own truth). A
-remedy's note (the summary's place taken by a pointer to the archived messages, with their exact
-facts pinned) rests on its pointer, a source of its own, and on any summary it keeps.
+Hypothesis state machines live an agent's life through LangChain's `create_agent` with
+`GuardedSummarizationMiddleware` and through langmem's running summary: new turns, sources evicted
+from the store at random (one, or every one), the guard restarted over the same store (a new
+process: nothing cached), over a MemoryStore or a SQLite file, remedies on or off. The summarizing
+model records each prompt it is given; an oracle computed from those prompts alone says what each
+summary rests on (the originals quoted in its prompt, and what the earlier summaries quoted there
+rest on). Each time the summarizing model is called, which is a grant, every summary in its
+prompt must rest only on sources the store still holds (`store.sources`, the store's own truth).
+A remedy's note (the summary's place taken by a pointer to the archived messages, with their
+exact facts pinned) rests on its pointer, a source of its own, and on any summary it keeps.
+Hypothesis events count the refusals and re-summarizations reached
+(`pytest --hypothesis-show-statistics`).
 
 Texts hold no digits the summaries repeat, so the output check (grounded numbers) has nothing to
 refuse. Fixed budgets, derandomized: CI stays bounded.
@@ -21,6 +23,7 @@ import itertools
 import os
 import re
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +31,9 @@ import pytest
 
 if not os.environ.get("CI"):  # in CI the adapters extra must be installed: fail, do not skip
     pytest.importorskip("langchain.agents.middleware")
+    pytest.importorskip("langmem.short_term")
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from langchain.agents import create_agent
@@ -37,11 +41,13 @@ from langchain_core.language_models.fake_chat_models import (
     FakeListChatModel,
     GenericFakeChatModel,
 )
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
+from langmem.short_term import RunningSummary  # type: ignore[import-untyped]
 
-from policyhook import Guard, MemoryStore, SQLiteStore, Store, UnsafeRecompactionError
+from policyhook import Decision, Guard, MemoryStore, SQLiteStore, Store
 from policyhook.adapters.langchain import GuardedSummarizationMiddleware
+from policyhook.adapters.langmem import summarize_messages as langmem_summarize
 
 WORDS = ["retry", "ceiling", "deploy", "window", "billing", "backoff", "jitter", "quota", "shard"]
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -76,7 +82,9 @@ class RecordingSummarizer(FakeListChatModel):
         return str(self.machine.summarized(prompt))
 
 
-class AgentLoop(RuleBasedStateMachine):
+class Loop(RuleBasedStateMachine):
+    """An agent's life through one adapter; subclasses say how a turn reaches the summarizer."""
+
     def __init__(self) -> None:
         super().__init__()
         self.directory = tempfile.TemporaryDirectory()
@@ -86,9 +94,6 @@ class AgentLoop(RuleBasedStateMachine):
         self.made_from: dict[str, frozenset[str]] = {}  # summary -> originals it rests on
         self.notes: set[str] = set()  # remedies' texts: recorded as sources
         self.violations: list[str] = []
-        self.answers = (AIMessage(f"answer {n:05d} {WORDS[n % 9]}") for n in itertools.count())
-        self.config = {"configurable": {"thread_id": "thread-1"}}
-        self.checkpointer = InMemorySaver()
 
     @initialize(remedy=st.booleans(), max_texts=st.sampled_from([64, 65_536]), sqlite=st.booleans())
     def start(self, remedy: bool, max_texts: int, sqlite: bool) -> None:
@@ -98,26 +103,37 @@ class AgentLoop(RuleBasedStateMachine):
         self._new_agent()
 
     def _new_agent(self) -> None:
-        """A guard over the same store and an agent over the same thread: a restarted process
-        (over SQLite, a new connection to the same file: nothing of the old one cached)."""
+        """A guard over the same store and an agent over the same conversation: a restarted
+        process (over SQLite, a new connection to the same file: nothing of the old one cached)."""
         if self.sqlite:
             if isinstance(self.store, SQLiteStore):
                 self.store.close()
             self.store = SQLiteStore(Path(self.directory.name) / "store.db")
         self.guard = Guard(store=self.store, max_texts=self.max_texts)
-        middleware = GuardedSummarizationMiddleware(
-            RecordingSummarizer(responses=["unused"], machine=self),
-            guard=self.guard,
-            trigger=("messages", 6),
-            keep=("messages", 2),
-            remedy=self.remedy,
-        )
-        self.agent: Any = create_agent(
-            model=ToolCallingFake(messages=self.answers),
-            tools=[],
-            middleware=[middleware],
-            checkpointer=self.checkpointer,
-        )
+        self.guard.add_listener(self._decided)
+        self.summarizer = RecordingSummarizer(responses=["unused"], machine=self)
+        self._restarted()
+
+    def _decided(self, decision: Decision, activation: Mapping[str, Any]) -> None:
+        if "summary" not in activation:  # the input phase: where provenance decides
+            event(
+                f"input decision: {decision.effect.value} at depth {activation['region']['depth'] > 0:d}"
+            )
+
+    def _restarted(self) -> None:
+        """Build the adapter over `self.guard` and `self.summarizer`."""
+        raise NotImplementedError
+
+    def turn(self, word: str) -> None:
+        """One question and its answer; the adapter summarizes when its trigger says so."""
+        raise NotImplementedError
+
+    def summary_in_place(self, text: str) -> None:
+        """The conversation now holds `text` where a summary goes: a remedy's note, unless the
+        summarizing model wrote it."""
+        if text not in self.made_from:
+            self.notes.add(text)
+            event("a remedy's note took a summary's place")
 
     # -- the oracle -----------------------------------------------------------------------------
 
@@ -138,6 +154,7 @@ class AgentLoop(RuleBasedStateMachine):
         rests = {f"pointer:{ref}" for ref in POINTER.findall(prompt)}
         for summary, sources in self.made_from.items():
             if summary in prompt:
+                event("a summary summarized again")
                 gone = sources - held
                 if gone:
                     self.violations.append(
@@ -155,26 +172,10 @@ class AgentLoop(RuleBasedStateMachine):
 
     # -- the agent's life -----------------------------------------------------------------------
 
-    @rule(words=st.lists(st.sampled_from(WORDS), min_size=1, max_size=6))
+    @rule(words=st.lists(st.sampled_from(WORDS), min_size=2, max_size=8))
     def turns(self, words: list[str]) -> None:
         for word in words:
             self.turn(word)
-
-    def turn(self, word: str) -> None:
-        question = f"question {next(self.counter):05d} about {word}"
-        self.originals.add(question)
-        try:
-            out = self.agent.invoke({"messages": [HumanMessage(question)]}, self.config)
-        except UnsafeRecompactionError:  # not raised: raise_on_refusal is off
-            raise AssertionError("the middleware raised with raise_on_refusal off") from None
-        for message in out["messages"]:
-            text = str(message.content)
-            if message.additional_kwargs.get("lc_source") == "summarization":
-                body = text.split("\n\n", 1)[-1]
-                if body not in self.made_from:
-                    self.notes.add(body)  # a remedy's note took the summary's place
-            elif isinstance(message, AIMessage | HumanMessage):
-                self.originals.add(text)
 
     @rule(pick=st.one_of(st.integers(min_value=0, max_value=1_000), st.none()))
     def evict(self, pick: int | None) -> None:
@@ -197,19 +198,93 @@ class AgentLoop(RuleBasedStateMachine):
         self.directory.cleanup()
 
 
-AgentLoop.TestCase.settings = settings(
-    max_examples=25,
+class LangChainLoop(Loop):
+    """Through `create_agent` with `GuardedSummarizationMiddleware` (summarize at 6 messages,
+    keep 2), one LangGraph thread in a checkpointer that outlives restarts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answers = (AIMessage(f"answer {n:05d} {WORDS[n % 9]}") for n in itertools.count())
+        self.config = {"configurable": {"thread_id": "thread-1"}}
+        self.checkpointer = InMemorySaver()
+
+    def _restarted(self) -> None:
+        middleware = GuardedSummarizationMiddleware(
+            self.summarizer,
+            guard=self.guard,
+            trigger=("messages", 6),
+            keep=("messages", 2),
+            remedy=self.remedy,
+        )
+        self.agent: Any = create_agent(
+            model=ToolCallingFake(messages=self.answers),
+            tools=[],
+            middleware=[middleware],
+            checkpointer=self.checkpointer,
+        )
+
+    def turn(self, word: str) -> None:
+        question = f"question {next(self.counter):05d} about {word}"
+        self.originals.add(question)
+        out = self.agent.invoke({"messages": [HumanMessage(question)]}, self.config)
+        for message in out["messages"]:
+            text = str(message.content)
+            if message.additional_kwargs.get("lc_source") == "summarization":
+                self.summary_in_place(text.split("\n\n", 1)[-1])  # after upstream's prefix
+            elif isinstance(message, AIMessage | HumanMessage):
+                self.originals.add(text)
+
+
+class LangmemLoop(Loop):
+    """Through langmem's running summary (`policyhook.adapters.langmem.summarize_messages`): one
+    token per message, summarized once 4 new messages piled up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[AnyMessage] = []
+        self.running: RunningSummary | None = None
+
+    def _restarted(self) -> None:
+        pass  # langmem keeps no state of its own: the messages and running summary are ours
+
+    def turn(self, word: str) -> None:
+        n = next(self.counter)
+        question, answer = f"question {n:05d} about {word}", f"answer {n:05d} {WORDS[n % 9]}"
+        self.originals |= {question, answer}
+        self.messages += [HumanMessage(question, id=f"h{n}"), AIMessage(answer, id=f"a{n}")]
+        result = langmem_summarize(
+            self.messages,
+            running_summary=self.running,
+            model=self.summarizer,
+            guard=self.guard,
+            window="chat-1",
+            remedy=self.remedy,
+            max_tokens=6,
+            max_tokens_before_summary=4,
+            max_summary_tokens=1,
+            token_counter=lambda messages: len(list(messages)),
+        )
+        self.running = result.running_summary
+        if self.running is not None:
+            self.summary_in_place(self.running.summary)
+
+
+SETTINGS = settings(
+    max_examples=40,
     stateful_step_count=30,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
-TestAgentLoop = AgentLoop.TestCase
+LangChainLoop.TestCase.settings = SETTINGS
+LangmemLoop.TestCase.settings = SETTINGS
+TestLangChainLoop = LangChainLoop.TestCase
+TestLangmemLoop = LangmemLoop.TestCase
 
 
 def test_the_oracle_sees_a_wrong_allow() -> None:
     """The oracle is not blind: an unguarded re-summarization of gone originals is reported."""
-    machine = AgentLoop()
+    machine = LangChainLoop()
     first = machine.summarized("question 00001 about retry")
     machine.originals.add("question 00001 about retry")
     machine.made_from[first] = frozenset({"question 00001 about retry"})
