@@ -33,7 +33,7 @@ if not os.environ.get("CI"):  # in CI the adapters extra must be installed: fail
     pytest.importorskip("langchain.agents.middleware")
     pytest.importorskip("langmem.short_term")
 
-from hypothesis import HealthCheck, event, settings
+from hypothesis import HealthCheck, currently_in_test_context, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from langchain.agents import create_agent
@@ -45,7 +45,7 @@ from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMes
 from langgraph.checkpoint.memory import InMemorySaver
 from langmem.short_term import RunningSummary  # type: ignore[import-untyped]
 
-from policyhook import Decision, Guard, MemoryStore, SQLiteStore, Store
+from policyhook import Decision, Guard, MemoryStore, SQLiteStore, Store, remedies
 from policyhook.adapters.langchain import GuardedSummarizationMiddleware
 from policyhook.adapters.langmem import summarize_messages as langmem_summarize
 
@@ -53,6 +53,12 @@ WORDS = ["retry", "ceiling", "deploy", "window", "billing", "backoff", "jitter",
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 #: A remedy's note names the archive its pointer (a source, `<ref>#pointer`) stands for.
 POINTER = re.compile(r"\[policyhook offload (offload:[0-9a-f]+)\]")
+
+
+def reached(what: str) -> None:
+    """Count a state the machine reached (`--hypothesis-show-statistics`), inside a test case."""
+    if currently_in_test_context():
+        event(what)
 
 
 def spelled(n: int) -> str:
@@ -116,7 +122,7 @@ class Loop(RuleBasedStateMachine):
 
     def _decided(self, decision: Decision, activation: Mapping[str, Any]) -> None:
         if "summary" not in activation:  # the input phase: where provenance decides
-            event(
+            reached(
                 f"input decision: {decision.effect.value} at depth {activation['region']['depth'] > 0:d}"
             )
 
@@ -133,7 +139,7 @@ class Loop(RuleBasedStateMachine):
         summarizing model wrote it."""
         if text not in self.made_from:
             self.notes.add(text)
-            event("a remedy's note took a summary's place")
+            reached("a remedy's note took a summary's place")
 
     # -- the oracle -----------------------------------------------------------------------------
 
@@ -141,11 +147,8 @@ class Loop(RuleBasedStateMachine):
         """What the store can give back: the originals' texts, and each remedy's pointer."""
         held = set()
         for source, text in self.store.sources(1_000_000):
-            held.add(
-                f"pointer:{source.id[: -len('#pointer')]}"
-                if source.id.endswith("#pointer")
-                else text
-            )
+            pointer = POINTER.search(text) if source.kind == remedies.POINTER_KIND else None
+            held.add(text if pointer is None else f"pointer:{pointer[1]}")
         return held
 
     def summarized(self, prompt: str) -> str:
@@ -154,7 +157,7 @@ class Loop(RuleBasedStateMachine):
         rests = {f"pointer:{ref}" for ref in POINTER.findall(prompt)}
         for summary, sources in self.made_from.items():
             if summary in prompt:
-                event("a summary summarized again")
+                reached("a summary summarized again")
                 gone = sources - held
                 if gone:
                     self.violations.append(
