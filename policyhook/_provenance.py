@@ -29,6 +29,9 @@ MIN_EMBEDDED_CHARS = MIN_BYTES
 UNREGISTERED = "window"
 #: Summaries whose full source sets are kept in memory (most recently used).
 _CLOSURES = 256
+#: Messages whose known texts found are remembered for the next input holding them (most recently
+#: used): a chat resent with one more turn is not searched, nor asked of the store, again.
+_SPLITS = 256
 #: The kinds of an unrecognised gap's region (one set, shared).
 _GAP_KINDS = frozenset((UNREGISTERED,))
 #: Kind given to content that could not be checked because the store did not answer.
@@ -397,6 +400,11 @@ class Ledger:
         # Source sets of recently recorded or resolved summaries: a rolling chain's next pass
         # reuses its parent's instead of walking the chain.
         self._closures: OrderedDict[str, frozenset[str]] = OrderedDict()
+        # Where known texts lie in recently split messages, by message digest (`_found`).
+        self._splits: OrderedDict[str, _Split] = OrderedDict()
+        # Bumped whenever a text the index found may no longer be (a discard) or a text the store
+        # knows cannot be found by the index (no text): remembered splits made before are redone.
+        self._epoch = 0
         _fork.register(self, Ledger._after_fork)
 
     def _after_fork(self) -> None:
@@ -706,7 +714,7 @@ class Ledger:
     ) -> None:
         """The known texts inside one message and the unrecognised gaps between them."""
         cursor = 0
-        found, overlapped = self._find(data)
+        found, overlapped = self._find(data, key)
         ascii = len(data) == len(text)  # then byte offsets are character offsets
         for start, end, entry in found:
             if start > cursor:
@@ -724,14 +732,11 @@ class Ledger:
         # region rests on it as well (its depth and sources), its characters counted once.
         parts.extend(self._region(entry, 0, closures) for entry in overlapped)
 
-    def _find(self, data: bytes) -> tuple[list[tuple[int, int, Entry]], list[Entry]]:
-        """Known texts inside `data`: non-overlapping, leftmost first, longest on a tie; and the
-        known texts that start inside one of those and end past it (their end would otherwise
-        pass for original content)."""
-        hits = self._confirmed(data, self._index.find(data))
-        if not self._complete:  # texts the cache does not hold, asked of the store
-            hits |= self._confirmed(data, self._ask_store(data))
-        ordered = sorted((start, start - end, key) for start, end, key in hits)
+    def _find(self, data: bytes, key: str) -> tuple[list[tuple[int, int, Entry]], list[Entry]]:
+        """Known texts inside `data` (digest `key`): non-overlapping, leftmost first, longest on
+        a tie; and the known texts that start inside one of those and end past it (their end
+        would otherwise pass for original content)."""
+        ordered = self._found(data, key)
         known = self._fetch([key for _, _, key in ordered])
         out: list[tuple[int, int, Entry]] = []
         overlapped: list[Entry] = []
@@ -746,6 +751,37 @@ class Ledger:
             elif start - negative > cursor:  # starts inside the last one found, ends past it
                 overlapped.append(entry)
         return out, overlapped
+
+    def _found(self, data: bytes, key: str) -> tuple[tuple[int, int, str], ...]:
+        """(start, -length, digest) of every known text in `data`, in order: found by the index,
+        and while the cache is incomplete by the store (`_ask_store`, every position hashed).
+
+        Remembered per message digest: what the store found stands until the epoch moves (a
+        text discarded from the index, or known with no text to index), and what the index found
+        until it adds a text. Texts the store learns from other processes come through `since`
+        and are indexed (or move the epoch) before they can be missed, so a remembered "not
+        there" never hides one. Not used while the store is down: then the call fails closed."""
+        failing = isinstance(self._reader, _Failing)
+        memo = None if failing else self._splits.get(key)
+        epoch, added = self._epoch, self._index.added
+        stored: frozenset[tuple[int, int, str]] | None = None
+        if memo is not None and memo[0] == epoch:
+            self._splits.move_to_end(key)
+            if memo[1] == added:
+                return memo[3]
+            stored = memo[2]
+        hits = self._confirmed(data, self._index.find(data))
+        if stored is None:
+            stored = frozenset()
+            if not self._complete:  # texts the cache does not hold, asked of the store
+                stored = frozenset(self._confirmed(data, self._ask_store(data)))
+        ordered = tuple(sorted((start, start - end, key) for start, end, key in hits | stored))
+        if not failing:
+            self._splits[key] = (epoch, added, stored, ordered)
+            self._splits.move_to_end(key)
+            if len(self._splits) > _SPLITS:
+                self._splits.popitem(last=False)
+        return ordered
 
     def _confirmed(
         self, data: bytes, candidates: Iterable[tuple[int, int, str]]
@@ -898,6 +934,7 @@ class Ledger:
             if dropped.digest in self._index:
                 self._index.discard(dropped.digest)
                 self._complete = False
+                self._epoch += 1
 
     def _learn(self, entry: Entry, data: bytes, check: bool = False) -> None:
         """Cache an entry and index its text (`data`) for finding it inside longer input."""
@@ -943,8 +980,14 @@ class Ledger:
                 # ask the store. (An evicted source found there or not is dead either way.)
                 if entry.anchor is not None and entry.depth > 0:
                     self._complete = False
+                    self._epoch += 1
                     changed = True
         return changed
+
+
+#: A remembered split (`Ledger._found`): the epoch and index additions it was made at, what the
+#: store found, and every known text found, ordered.
+_Split = tuple[int, int, frozenset[tuple[int, int, str]], tuple[tuple[int, int, str], ...]]
 
 
 class _Deferred:

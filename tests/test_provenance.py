@@ -359,6 +359,87 @@ class TestExactWhateverIsCached:
         assert region.depth == 2 and "cfg" in region.sources
 
 
+class TestRememberedSplits:
+    """The ledger remembers where known texts lie in a message it split (`Ledger._found`), the
+    store's answers too: a remembered "nothing there" must never hide a text the store learned
+    since, from this process or another."""
+
+    MESSAGE = "head words first. {} and tail words after it."
+
+    @pytest.mark.parametrize("cache", [2, 65_536])
+    def test_another_process_records_a_summary_inside_a_split_message(
+        self, tmp_path: Path, cache: int
+    ) -> None:
+        """A message split twice (the second time from memory) by a process whose cache is past
+        its bound (so the store was asked at every position) or complete; then another process
+        on the same SQLite file records a summary inside it, and three texts after it (which
+        push the summary out of the small cache as soon as it is learnt): the next resolve
+        finds the summary and its source."""
+        message = self.MESSAGE.format(summary_text(7))
+        with SQLiteStore(tmp_path / "s.db") as one, SQLiteStore(tmp_path / "s.db") as two:
+            first, second = Ledger(one, max_texts=cache), Ledger(two)
+            for i in range(3):
+                first.record_source(source_text(i), "tool_output", f"t{i}")
+            for _ in range(2):
+                assert first.resolve(message, "w").region.depth == 0
+            second.record_summary(summary_text(7), Region("r", sources=frozenset({"cfg"})), "w")
+            for i in range(3, 6):
+                second.record_source(source_text(i), "tool_output", f"t{i}")
+            region = first.resolve(message, "w").region
+            assert region.depth == 1 and "cfg" in region.sources
+
+    def test_a_summary_recorded_here_is_found_in_a_split_message(self) -> None:
+        """The same within one process: the split of a message is redone once the ledger has
+        indexed a text (its own output) that lies inside it."""
+        ledger = Ledger(MemoryStore())
+        message = self.MESSAGE.format(summary_text(8))
+        assert ledger.resolve(message, "w").region.depth == 0
+        ledger.record_summary(summary_text(8), Region("r", sources=frozenset({"cfg"})), "w")
+        region = ledger.resolve(message, "w").region
+        assert region.depth == 1 and "cfg" in region.sources
+
+    @settings(max_examples=60, deadline=None)
+    @given(
+        cache=st.integers(1, 6),
+        ops=st.lists(
+            st.tuples(
+                st.sampled_from(["summary", "source", "other", "resolve"]), st.integers(0, 7)
+            ),
+            max_size=30,
+        ),
+    )
+    def test_resolutions_match_a_fresh_ledgers(
+        self, cache: int, ops: list[tuple[str, int]]
+    ) -> None:
+        """Whatever this ledger (small cache, remembered splits) and another one on the same
+        store recorded in between, resolving a message gives what a new ledger on that store,
+        with nothing remembered, gives."""
+        store = MemoryStore()
+        ledger, other = Ledger(store, max_texts=cache), Ledger(store)
+        messages = [
+            self.MESSAGE.format(" and ".join(summary_text(j) for j in range(i % 4, i % 4 + 2)))
+            for i in range(8)
+        ]
+        for op, i in ops:
+            if op == "summary":  # by either process
+                by = ledger if i % 2 else other
+                by.record_summary(
+                    summary_text(i % 5), Region(f"r{i}", sources=frozenset({f"s{i}"})), "w"
+                )
+            elif op == "source":
+                ledger.record_source(source_text(i), "tool_output", f"t{i}")
+            elif op == "other":
+                other.record_source(summary_text(i % 5), "tool_output", f"quoted{i}")
+            else:
+                got = ledger.resolve(messages[i], "w")
+                fresh = Ledger(store).resolve(messages[i], "w")
+                assert (got.region, got.unregistered, got.summaries) == (
+                    fresh.region,
+                    fresh.unregistered,
+                    fresh.summaries,
+                )
+
+
 class TestIndexMemory:
     def test_discarded_texts_do_not_pile_up(self) -> None:
         """A long run that keeps 100 texts indexed, discarding the oldest as each new one comes,
