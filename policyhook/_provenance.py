@@ -238,16 +238,16 @@ class Resolution:
     failure: Exception | None = field(default=None, compare=False)
 
 
-def _unverifiable(key: str, chars: int) -> Region:
+#: One part of an input as the ledger resolves it: (id, depth, sources, source kinds, chars),
+#: the fields of the `Region` it stands for (plain tuples: an input has many, built per call).
+_Part = tuple[str, int, frozenset[str], frozenset[str], int]
+
+
+def _unverifiable(key: str, chars: int) -> _Part:
     """A message the ledger could not check because the store did not answer: it may be a
     summary, so it counts as one resting on a source no store holds (fail closed)."""
-    return Region(
-        id=f"{UNVERIFIABLE}:{key[:16]}",
-        depth=1,
-        sources=frozenset({f"{UNVERIFIABLE}:{key[:16]}"}),
-        source_kinds=frozenset({UNVERIFIABLE}),
-        chars=chars,
-    )
+    unverifiable = f"{UNVERIFIABLE}:{key[:16]}"
+    return (unverifiable, 1, frozenset({unverifiable}), frozenset({UNVERIFIABLE}), chars)
 
 
 #: One fact of a summary and the ids of every source stating it (per-fact provenance). The fact
@@ -640,7 +640,7 @@ class Ledger:
                 data = b""
                 digests.append(digest(secret, encode(item.text or item.id)))
             encoded.append(data)
-        parts: list[Region] = []
+        parts: list[_Part] = []
         unregistered: list[tuple[str, str]] = []
         closures: dict[str, frozenset[str]] = {}
         failure: Exception | None = None
@@ -651,7 +651,7 @@ class Ledger:
             failure = exc
         for at, (item, data, key) in enumerate(zip(items, encoded, digests, strict=True)):
             if isinstance(item, Region):
-                parts.append(item)
+                parts.append((item.id, item.depth, item.sources, item.source_kinds, item.chars))
                 continue
             entry = known.get(key) or self._entries.get(key)
             if entry is None and at in bare:
@@ -687,28 +687,35 @@ class Ledger:
         summaries: dict[str, None] = {}  # the summaries the input is made of, in order
         parents: set[str] = set()  # those of them cached: the region rests on them by id
         direct: list[frozenset[str]] = []  # the sources of every other part
-        for part in parts:
-            if part.depth > 0:
-                summaries[part.id] = None
-                if part.id in cached:
-                    parents.add(part.id)
+        depth = chars = 0
+        for part_id, part_depth, sources, _, part_chars in parts:
+            chars += part_chars
+            if part_depth > 0:
+                depth = max(depth, part_depth)
+                summaries[part_id] = None
+                if part_id in cached:
+                    parents.add(part_id)
                     continue
-            direct.append(part.sources)
+            direct.append(sources)
         made_of = self._made_of
         made_of[region_id] = (tuple(sorted(parents)), frozenset().union(*direct))
         made_of.move_to_end(region_id)
         if len(made_of) > 256:
             made_of.popitem(last=False)
-        return Resolution(
-            Region.merge(parts, region_id), tuple(unregistered), tuple(summaries), failure=failure
-        )
+        if len(parts) == 1:  # the common case: one message (its sets are shared, not copied)
+            sources, kinds = parts[0][2], parts[0][3]
+        else:  # the region made of its parts side by side (`Region.merge`)
+            sources = frozenset().union(*[part[2] for part in parts])
+            kinds = frozenset().union(*[part[3] for part in parts])
+        region = Region(region_id, depth, sources, kinds, chars)
+        return Resolution(region, tuple(unregistered), tuple(summaries), failure=failure)
 
     def _split(
         self,
         text: str,
         data: bytes,
         key: str,
-        parts: list[Region],
+        parts: list[_Part],
         unregistered: list[tuple[str, str]],
         closures: dict[str, frozenset[str]],
     ) -> None:
@@ -838,13 +845,14 @@ class Ledger:
                 found[key] = entry
         return found
 
-    def _region(self, entry: Entry, chars: int, closures: dict[str, frozenset[str]]) -> Region:
+    def _region(self, entry: Entry, chars: int, closures: dict[str, frozenset[str]]) -> _Part:
+        """The part of an input a known text is (as `Entry.region` would make it)."""
         if entry.depth == 0:  # a source's entry rests on itself alone
-            return Region(entry.id, 0, frozenset((entry.id,)), frozenset((entry.kind,)), chars)
+            return (entry.id, 0, frozenset((entry.id,)), frozenset((entry.kind,)), chars)
         sources = closures.get(entry.id)
         if sources is None:
             sources = closures[entry.id] = self._rests_on(entry)
-        return entry.region(sources, chars)
+        return (entry.id, entry.depth, sources, frozenset(entry.source_kinds), chars)
 
     def _rests_on(self, entry: Entry) -> frozenset[str]:
         """Every source a summary rests on: remembered from when it was recorded or last
@@ -881,7 +889,7 @@ class Ledger:
     def _gap(
         self,
         data: bytes,
-        parts: list[Region],
+        parts: list[_Part],
         unregistered: list[tuple[str, str]],
         key: str,
         at: int,
@@ -897,7 +905,7 @@ class Ledger:
         place = key if at == -1 else digest(self._key, f"{key}:{at}:{len(data)}".encode())
         source_id = f"{UNREGISTERED}:{place[:16]}"
         unregistered.append((source_id, text))
-        parts.append(Region(source_id, 0, frozenset((source_id,)), _GAP_KINDS, len(text)))
+        parts.append((source_id, 0, frozenset((source_id,)), _GAP_KINDS, len(text)))
 
     def max_depth(self, window: str) -> int:
         """The deepest summary recorded in the window: O(1)."""
