@@ -14,7 +14,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol, cast, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, cast, runtime_checkable
 
 from policyhook import _fork, _shapes
 from policyhook._index import MIN_BYTES, Index
@@ -43,6 +43,18 @@ ANCHOR_BYTES = MIN_EMBEDDED_CHARS
 #: Key for ids made without a store (`Region.original`, adapters): random per process, so an id
 #: that leaves the process cannot be reversed by hashing guesses of a short text.
 _PROCESS_KEY = secrets.token_bytes(32)
+
+
+_T = TypeVar("_T")
+
+
+def _made(cls: type[_T], fields: dict[str, Any]) -> _T:
+    """An instance of a frozen dataclass from every one of its fields, without the generated
+    `__init__` (which sets each field with `object.__setattr__`: twice the cost). The hot path
+    builds several per call; the instance is the one `cls(**fields)` would make."""
+    made = object.__new__(cls)
+    made.__dict__.update(fields)
+    return made
 
 
 def encode(text: str) -> bytes:
@@ -107,17 +119,20 @@ class Entry:
             return self
         parents = {*self.parents, *earlier.parents}
         parents.discard(self.id)
-        return Entry(
-            self.digest,
-            self.id,
-            max(self.depth, earlier.depth),
-            self.kind,
-            self.size,
-            self.anchor,
-            tuple(sorted(parents)),
-            tuple(sorted({*self.sources, *earlier.sources})),
-            tuple(sorted({*self.source_kinds, *earlier.source_kinds})),
-            self.window,
+        return _made(
+            Entry,
+            {
+                "digest": self.digest,
+                "id": self.id,
+                "depth": max(self.depth, earlier.depth),
+                "kind": self.kind,
+                "size": self.size,
+                "anchor": self.anchor,
+                "parents": tuple(sorted(parents)),
+                "sources": tuple(sorted({*self.sources, *earlier.sources})),
+                "source_kinds": tuple(sorted({*self.source_kinds, *earlier.source_kinds})),
+                "window": self.window,
+            },
         )
 
     def region(self, sources: frozenset[str], chars: int | None = None) -> Region:
@@ -495,26 +510,34 @@ class Ledger:
         _shapes.check_id("window", window)
         data = encode(text)
         key = digest(self._key, data)
-        region = Region(
-            id=f"s:{key[:16]}",
-            depth=summarized.depth + 1,
-            sources=summarized.sources,
-            source_kinds=summarized.source_kinds,
-            chars=len(text),
-            text=text,
+        region_id, depth = f"s:{key[:16]}", summarized.depth + 1
+        region = _made(
+            Region,
+            {
+                "id": region_id,
+                "depth": depth,
+                "sources": summarized.sources,
+                "source_kinds": summarized.source_kinds,
+                "chars": len(text),
+                "text": text,
+            },
         )
         with self._lock:
             parents, direct = self._made_of.get(summarized.id, ((), summarized.sources))
-        entry = Entry(
-            digest=key,
-            id=region.id,
-            depth=region.depth,
-            size=len(data),
-            anchor=anchor_of(self._key, data),
-            parents=parents,
-            sources=tuple(sorted(direct)),
-            source_kinds=tuple(sorted(region.source_kinds)),
-            window=window,
+        entry = _made(
+            Entry,
+            {
+                "digest": key,
+                "id": region_id,
+                "depth": depth,
+                "kind": "summary",
+                "size": len(data),
+                "anchor": anchor_of(self._key, data),
+                "parents": parents,
+                "sources": tuple(sorted(direct)),
+                "source_kinds": tuple(sorted(summarized.source_kinds)),
+                "window": window,
+            },
         )
         merged = False
         try:
@@ -594,7 +617,7 @@ class Ledger:
         if len(view.since) < 1024 and not changed:  # the view changed nothing: `first` stands
             # It found no entries (`changed` would be set), so it answered the liveness of
             # exactly the region's sources: no intersection to take (O(k) on a long chain).
-            return Resolution(first.region, first.unregistered, first.summaries, view.live)
+            return _made(Resolution, {**first.__dict__, "live": view.live})
         if len(view.since) >= 1024:  # far behind: catch up the usual way, then resolve
             found = self._resolve(items)
         else:  # caught up by the view: resolve again from what it brought
@@ -707,8 +730,20 @@ class Ledger:
         else:  # the region made of its parts side by side (`Region.merge`)
             sources = frozenset().union(*[part[2] for part in parts])
             kinds = frozenset().union(*[part[3] for part in parts])
-        region = Region(region_id, depth, sources, kinds, chars)
-        return Resolution(region, tuple(unregistered), tuple(summaries), failure=failure)
+        region = _made(
+            Region,
+            {
+                "id": region_id,
+                "depth": depth,
+                "sources": sources,
+                "source_kinds": kinds,
+                "chars": chars,
+                "text": None,
+            },
+        )
+        fields = {"region": region, "unregistered": tuple(unregistered)}
+        fields.update(summaries=tuple(summaries), live=None, failure=failure)
+        return _made(Resolution, fields)
 
     def _split(
         self,

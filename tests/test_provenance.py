@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policyhook import Guard, MemoryStore, Region, Source, SQLiteStore, _index
+from policyhook import Guard, MemoryStore, Region, Source, SQLiteStore, _index, _provenance
 from policyhook._index import _BATCH, _LARGE_INPUT, Index
 from policyhook._provenance import Ledger
 from policyhook.testing import capture_decisions
@@ -204,6 +205,10 @@ def summary_text(i: int) -> str:
     return f"summary number {i}: the retry ceiling of job {i} is {i % 9}, from config"
 
 
+def _digest(ledger: Ledger, text: str) -> str:
+    return _provenance.digest(ledger.store.secret(), text.encode())
+
+
 def source_text(i: int) -> str:
     return f"tool output {i}: deploy of service {i} finished with exit code {i % 3}"
 
@@ -357,6 +362,25 @@ class TestExactWhateverIsCached:
         ledger.record_summary("retry ceiling is 7, per the config", again.region, "w")
         region = ledger.resolve("retry ceiling is 7, per the config", "w").region
         assert region.depth == 2 and "cfg" in region.sources
+
+
+class TestBuiltWithoutInit:
+    def test_hot_path_objects_have_every_field(self) -> None:
+        """The ledger builds Regions, Entries and Resolutions without their `__init__`
+        (`_provenance._made`): each has exactly its dataclass's fields and equals one built the
+        usual way (a field added to the class and not to a hot path fails here)."""
+        store = MemoryStore()
+        ledger = Ledger(store)
+        ledger.record_source(source_text(1), "tool_output", "t1")
+        base = Region("r", sources=frozenset({"t1"}), source_kinds=frozenset({"tool_output"}))
+        first = ledger.record_summary(summary_text(1), base, "w")
+        again = ledger.record_summary(summary_text(1), Region("q", sources=frozenset({"x"})), "w")
+        resolution = ledger.resolve(f"{summary_text(1)} then {source_text(1)} and new words", "w")
+        entry = store.lookup([_digest(ledger, summary_text(1))])[_digest(ledger, summary_text(1))]
+        for made in (first, again, resolution, resolution.region, entry):
+            names = [f.name for f in dataclasses.fields(made)]
+            assert list(vars(made)) == names, type(made).__name__
+            assert made == type(made)(**{n: getattr(made, n) for n in names})
 
 
 class TestRememberedSplits:
