@@ -196,6 +196,9 @@ def _texts(output: Any) -> list[str]:
     (an output the guard cannot record would come back later as original evidence)."""
     if output is None:
         return []
+    if type(output) is str:  # the common case: one text
+        text = output.strip()
+        return [text] if text else []
     units = _shapes.read(output, keep=(Region,), where="output")
     texts = [u.text or "" if isinstance(u, Region) else u for u in units]
     return [t.strip() for t in texts if t.strip()]

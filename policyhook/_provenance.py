@@ -401,6 +401,7 @@ class Ledger:
         self.max_texts = max_texts
         self.max_windows = max_windows
         self._key = store.secret()
+        self._anchors = _anchor_hash(self._key)  # anchor_of's hash, keyed once: copies cost less
         self._reader: Store = store  # what recognition reads: the store, or see `_viewed`
         self._lock = threading.RLock()
         self._entries: OrderedDict[str, Entry] = OrderedDict()  # digest -> entry, LRU
@@ -424,6 +425,14 @@ class Ledger:
 
     def _after_fork(self) -> None:
         self._lock = threading.RLock()  # another thread may have held it at the fork
+
+    def _anchor(self, data: bytes) -> str | None:
+        """`anchor_of(self._key, data)`, from the hash keyed once."""
+        if len(data) < ANCHOR_BYTES:
+            return None
+        hashed = self._anchors.copy()
+        hashed.update(data[:ANCHOR_BYTES])
+        return hashed.hexdigest()
 
     def text_id(self, prefix: str, text: str) -> str:
         """An id for `text` keyed with the store's secret: the same in every process sharing it."""
@@ -532,7 +541,7 @@ class Ledger:
                 "depth": depth,
                 "kind": "summary",
                 "size": len(data),
-                "anchor": anchor_of(self._key, data),
+                "anchor": self._anchor(data),
                 "parents": parents,
                 "sources": tuple(sorted(direct)),
                 "source_kinds": tuple(sorted(summarized.source_kinds)),
@@ -569,7 +578,7 @@ class Ledger:
     def resolve(self, value: Any, window: str) -> Resolution:
         """What `value` rests on: any shape `policyhook._shapes` reads (str, messages, content
         blocks, Regions, nested lists); TypeError naming the part it cannot read."""
-        items: list[Region | str] = list(_shapes.read(value, keep=(Region,)))
+        items: list[Region | str] = _shapes.read(value, keep=(Region,))  # a new list
         return self._viewed(items, window)
 
     def _viewed(self, items: list[Region | str], window: str) -> Resolution:
@@ -845,7 +854,7 @@ class Ledger:
         should hold a working set.
         """
         anchors: dict[str, list[int]] = {}
-        keyed = _anchor_hash(self._key)  # anchor_of's hash, keyed once: copies cost half
+        keyed = self._anchors
         for at in range(len(data) - ANCHOR_BYTES + 1):
             if data[at] & 0xC0 == 0x80:  # not a char start
                 continue
@@ -868,7 +877,7 @@ class Ledger:
         evict another found in the same input."""
         found: dict[str, Entry] = {}
         missing: list[str] = []
-        for key in dict.fromkeys(digests):
+        for key in dict.fromkeys(digests) if len(digests) > 1 else digests:
             entry = self._entries.get(key)
             if entry is None:
                 missing.append(key)
