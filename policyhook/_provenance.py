@@ -763,45 +763,67 @@ class Ledger:
         unregistered: list[tuple[str, str]],
         closures: dict[str, frozenset[str]],
     ) -> None:
-        """The known texts inside one message and the unrecognised gaps between them."""
-        cursor = 0
-        found, overlapped = self._find(data, key)
-        ascii = len(data) == len(text)  # then byte offsets are character offsets
-        for start, end, entry in found:
-            if start > cursor:
-                gap = text[cursor:start] if ascii else None
-                self._gap(data[cursor:start], parts, unregistered, key, cursor, gap)
-            chars = end - start if ascii else len(data[start:end].decode("utf-8", "surrogatepass"))
-            parts.append(self._region(entry, chars, closures))
-            cursor = end
-        if cursor == 0:
-            self._gap(data, parts, unregistered, key, -1, text)  # the whole message
-        elif cursor < len(data):
-            gap = text[cursor:] if ascii else None
-            self._gap(data[cursor:], parts, unregistered, key, cursor, gap)
-        # A known text overlapping the end of one found before it is in the input whole too: the
-        # region rests on it as well (its depth and sources), its characters counted once.
-        parts.extend(self._region(entry, 0, closures) for entry in overlapped)
+        """The known texts inside one message and the unrecognised gaps between them.
 
-    def _find(self, data: bytes, key: str) -> tuple[list[tuple[int, int, Entry]], list[Entry]]:
-        """Known texts inside `data` (digest `key`): non-overlapping, leftmost first, longest on
-        a tie; and the known texts that start inside one of those and end past it (their end
-        would otherwise pass for original content)."""
+        How the message splits (`_recipe`) is remembered with where its known texts lie
+        (`_found`): the same message in the next input is rebuilt from it and the entries of
+        the texts, as they are now (a text's depth and sources may have grown)."""
         ordered = self._found(data, key)
-        known = self._fetch([key for _, _, key in ordered])
-        out: list[tuple[int, int, Entry]] = []
-        overlapped: list[Entry] = []
+        memo = self._splits.get(key)
+        recipe = memo[4] if memo is not None and memo[3] is ordered else None
+        if recipe is not None:
+            known = self._fetch([op[1] for op in recipe if op[0] == _TEXT])
+            if any(op[0] == _TEXT and op[1] not in known for op in recipe):
+                recipe = None  # confirmed by digest, so known: only a racing eviction
+        else:
+            known = self._fetch([d for *_, d in ordered])
+        if recipe is None:
+            recipe = self._recipe(text, data, key, ordered, known)
+            if memo is not None and memo[3] is ordered and all(d in known for *_, d in ordered):
+                self._splits[key] = (*memo[:4], recipe)  # every text it holds was read
+        ascii = len(data) == len(text)  # then byte offsets are character offsets
+        for op, text_digest, start, end, part in recipe:
+            if op == _TEXT:  # (its chars in `start`)
+                parts.append(self._region(known[text_digest], start, closures))
+            else:
+                gap = text[start:end] if ascii else data[start:end].decode("utf-8", "surrogatepass")
+                unregistered.append((part[0], gap))
+                parts.append(part)
+
+    def _recipe(
+        self,
+        text: str,
+        data: bytes,
+        key: str,
+        ordered: tuple[tuple[int, int, str], ...],
+        known: Mapping[str, Entry],
+    ) -> tuple[_Op, ...]:
+        """How a message splits: its known texts (non-overlapping, leftmost first, longest on a
+        tie: `ordered`), the unrecognised gaps between them, and the known texts that start
+        inside one of those and end past it (their end would otherwise pass for original
+        content: the region rests on them too, their characters counted once)."""
+        ascii = len(data) == len(text)  # then byte offsets are character offsets
+        ops: list[_Op] = []
+        over: list[_Op] = []
         cursor = 0
-        for start, negative, key in ordered:
-            entry = known.get(key)
+        for start, negative, digest_ in ordered:
+            entry = known.get(digest_)
             if entry is None:  # confirmed by digest, so known: only a racing eviction
                 continue
+            end = start - negative
             if start >= cursor:
-                cursor = start - negative
-                out.append((start, cursor, entry))
-            elif start - negative > cursor:  # starts inside the last one found, ends past it
-                overlapped.append(entry)
-        return out, overlapped
+                if start > cursor:
+                    ops.extend(self._gap(text, data, key, cursor, start, ascii))
+                chars = (
+                    end - start if ascii else len(data[start:end].decode("utf-8", "surrogatepass"))
+                )
+                ops.append((_TEXT, digest_, chars, 0, _NO_PART))
+                cursor = end
+            elif end > cursor:  # starts inside the last one found, ends past it
+                over.append((_TEXT, digest_, 0, 0, _NO_PART))
+        if cursor < len(data):
+            ops.extend(self._gap(text, data, key, cursor, len(data), ascii))
+        return (*ops, *over)
 
     def _found(self, data: bytes, key: str) -> tuple[tuple[int, int, str], ...]:
         """(start, -length, digest) of every known text in `data`, in order: found by the index,
@@ -828,7 +850,7 @@ class Ledger:
                 stored = frozenset(self._confirmed(data, self._ask_store(data)))
         ordered = tuple(sorted((start, start - end, key) for start, end, key in hits | stored))
         if not failing:
-            self._splits[key] = (epoch, added, stored, ordered)
+            self._splits[key] = (epoch, added, stored, ordered, None)
             self._splits.move_to_end(key)
             if len(self._splits) > _SPLITS:
                 self._splits.popitem(last=False)
@@ -931,25 +953,20 @@ class Ledger:
         return frozenset(sources)
 
     def _gap(
-        self,
-        data: bytes,
-        parts: list[_Part],
-        unregistered: list[tuple[str, str]],
-        key: str,
-        at: int,
-        text: str | None = None,
-    ) -> None:
-        """Unrecognised content: original, resting on a source of its own. A whole message's id
-        is its digest; a gap's comes from the message's digest and the gap's place, so the
-        input is hashed once."""
-        if text is None:
-            text = data.decode("utf-8", "surrogatepass")
-        if not text.strip():
-            return
-        place = key if at == -1 else digest(self._key, f"{key}:{at}:{len(data)}".encode())
+        self, text: str, data: bytes, key: str, start: int, end: int, ascii: bool
+    ) -> list[_Op]:
+        """Unrecognised content (bytes `start:end` of the message): original, resting on a
+        source of its own; none if it is only whitespace. A whole message's id is its digest;
+        a gap's comes from the message's digest and the gap's place, so the input is hashed
+        once."""
+        gap = text[start:end] if ascii else data[start:end].decode("utf-8", "surrogatepass")
+        if not gap.strip():
+            return []
+        whole = start == 0 and end == len(data)
+        place = key if whole else digest(self._key, f"{key}:{start}:{end - start}".encode())
         source_id = f"{UNREGISTERED}:{place[:16]}"
-        unregistered.append((source_id, text))
-        parts.append((source_id, 0, frozenset((source_id,)), _GAP_KINDS, len(text)))
+        part = (source_id, 0, frozenset((source_id,)), _GAP_KINDS, len(gap))
+        return [(_GAP, "", start, end, part)]
 
     def max_depth(self, window: str) -> int:
         """The deepest summary recorded in the window: O(1)."""
@@ -1037,9 +1054,20 @@ class Ledger:
         return changed
 
 
-#: A remembered split (`Ledger._found`): the epoch and index additions it was made at, what the
-#: store found, and every known text found, ordered.
-_Split = tuple[int, int, frozenset[tuple[int, int, str]], tuple[tuple[int, int, str], ...]]
+#: One step of how a message splits (`Ledger._recipe`): (_TEXT, digest, chars, 0, _NO_PART) for
+#: a known text, (_GAP, "", start, end, part) for unrecognised content at those bytes.
+_Op = tuple[int, str, int, int, "_Part"]
+_TEXT, _GAP = 0, 1
+_NO_PART: _Part = ("", 0, frozenset(), frozenset(), 0)
+#: A remembered split (`Ledger._found`, `Ledger._split`): the epoch and index additions it was
+#: made at, what the store found, every known text found (ordered), and how it splits.
+_Split = tuple[
+    int,
+    int,
+    frozenset[tuple[int, int, str]],
+    tuple[tuple[int, int, str], ...],
+    tuple[_Op, ...] | None,
+]
 
 
 class _Deferred:

@@ -440,8 +440,9 @@ class TestRememberedSplits:
         with nothing remembered, gives."""
         store = MemoryStore()
         ledger, other = Ledger(store, max_texts=cache), Ledger(store)
-        messages = [
-            self.MESSAGE.format(" and ".join(summary_text(j) for j in range(i % 4, i % 4 + 2)))
+        messages = [  # two summaries each, in ASCII and not (byte offsets are not characters)
+            ("café: " if i % 2 else "")
+            + self.MESSAGE.format(" and ".join(summary_text(j) for j in range(i % 4, i % 4 + 2)))
             for i in range(8)
         ]
         for op, i in ops:
