@@ -292,10 +292,21 @@ class Summarizer:
             return kwargs[self.argument]
         raise TypeError(f"guarded summarizer {self.name!r} was called without its input")
 
+    #: The last request in force and what `request` made of it, as one pair (most calls see
+    #: the same request; a pair is read and replaced whole, so threads never mix two).
+    _last: list[tuple[Request, Request]] = field(default_factory=list, compare=False, repr=False)
+
     def request(self) -> Request:
         """The current request, with this summarizer's default trigger when it names none."""
         current = current_request()
-        return current if current.trigger is not None else _with_trigger(current, self.trigger)
+        if current.trigger is not None:
+            return current
+        last = self._last[-1] if self._last else None
+        if last is not None and last[0] is current:
+            return last[1]
+        made = _with_trigger(current, self.trigger)
+        self._last[:] = [(current, made)]
+        return made
 
 
 class Guard:

@@ -32,6 +32,9 @@ _CLOSURES = 256
 #: Messages whose known texts found are remembered for the next input holding them (most recently
 #: used): a chat resent with one more turn is not searched, nor asked of the store, again.
 _SPLITS = 256
+#: Region ids of recent inputs kept (by their parts' digests), so an input seen again is not
+#: hashed a second time for its id; all dropped at once past this many.
+_REGION_IDS = 1024
 #: The kinds of an unrecognised gap's region (one set, shared).
 _GAP_KINDS = frozenset((UNREGISTERED,))
 #: Kind given to content that could not be checked because the store did not answer.
@@ -416,6 +419,7 @@ class Ledger:
         # Source sets of recently recorded or resolved summaries: a rolling chain's next pass
         # reuses its parent's instead of walking the chain.
         self._closures: OrderedDict[str, frozenset[str]] = OrderedDict()
+        self._region_ids: dict[str, str] = {}  # joined digests of recent inputs -> region id
         # Where known texts lie in recently split messages, by message digest (`_found`).
         self._splits: OrderedDict[str, _Split] = OrderedDict()
         # Bumped whenever a text the index found may no longer be (a discard) or a text the store
@@ -714,7 +718,12 @@ class Ledger:
                 "tell apart counts as a summary of dead sources (fail closed)",
                 exc_info=failure,
             )
-        region_id = "r:" + digest(secret, "\x1e".join(digests).encode())[:16]
+        joined = "\x1e".join(digests)
+        region_id = self._region_ids.get(joined)
+        if region_id is None:  # an input not seen lately: its id is a hash of its parts' digests
+            if len(self._region_ids) >= _REGION_IDS:
+                self._region_ids.clear()
+            region_id = self._region_ids[joined] = "r:" + digest(secret, joined.encode())[:16]
         cached = self._summaries
         summaries: dict[str, None] = {}  # the summaries the input is made of, in order
         parents: set[str] = set()  # those of them cached: the region rests on them by id
