@@ -33,8 +33,10 @@ _CLOSURES = 256
 #: used): a chat resent with one more turn is not searched, nor asked of the store, again.
 _SPLITS = 256
 #: Region ids of recent inputs kept (by their parts' digests), so an input seen again is not
-#: hashed a second time for its id; all dropped at once past this many.
-_REGION_IDS = 1024
+#: hashed a second time for its id; all dropped at once past this many, and kept only for
+#: inputs of up to about 60 parts (the key is their digests joined: at most ~0.5 MB in all).
+_REGION_IDS = 256
+_REGION_ID_KEY = 2048
 #: The kinds of an unrecognised gap's region (one set, shared).
 _GAP_KINDS = frozenset((UNREGISTERED,))
 #: Kind given to content that could not be checked because the store did not answer.
@@ -721,9 +723,11 @@ class Ledger:
         joined = "\x1e".join(digests)
         region_id = self._region_ids.get(joined)
         if region_id is None:  # an input not seen lately: its id is a hash of its parts' digests
-            if len(self._region_ids) >= _REGION_IDS:
-                self._region_ids.clear()
-            region_id = self._region_ids[joined] = "r:" + digest(secret, joined.encode())[:16]
+            region_id = "r:" + digest(secret, joined.encode())[:16]
+            if len(joined) <= _REGION_ID_KEY:
+                if len(self._region_ids) >= _REGION_IDS:
+                    self._region_ids.clear()
+                self._region_ids[joined] = region_id
         cached = self._summaries
         summaries: dict[str, None] = {}  # the summaries the input is made of, in order
         parents: set[str] = set()  # those of them cached: the region rests on them by id
