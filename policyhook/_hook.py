@@ -191,11 +191,81 @@ class GuardedCall:
         self._guard._ended(self, outcome)
 
 
+class _Guarding:
+    """The block of one `Guard.guarding` call: the guard span around the decision and the
+    summarizer's span around the block, the call ended with the block's outcome. A plain
+    context manager, not a generator's: the decorator enters one per call, and contextlib's
+    machinery cost more than this. The telemetry's spans never suppress an exception."""
+
+    __slots__ = ("_args", "_call", "_traced", "_work")
+
+    def __init__(
+        self,
+        guard: Guard,
+        value: Any,
+        summarizer: str,
+        request: Request | None,
+        lossless: bool,
+        idempotent: bool,
+    ) -> None:
+        self._args = (guard, value, summarizer, request, lossless, idempotent)
+
+    def __enter__(self) -> GuardedCall:
+        guard, value, summarizer, request, lossless, idempotent = self._args
+        req = request if request is not None else current_request()
+        traced = guard._telemetry.guarded(summarizer)
+        span = traced.__enter__()
+        try:
+            call = guard._decide(value, summarizer, req, lossless, idempotent, span)
+            try:
+                work = guard._telemetry.summarizing(summarizer)
+                work.__enter__()
+            except BaseException as error:
+                call._end(_outcome(call, error))
+                raise
+        except BaseException as error:
+            traced.__exit__(type(error), error, error.__traceback__)
+            raise
+        self._call, self._traced, self._work = call, traced, work
+        return call
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: Any
+    ) -> None:
+        call = self._call
+        try:
+            try:
+                self._work.__exit__(kind, error, tb)  # records the summarizer's exception
+            except BaseException as raised:  # the span's own failure ends the call instead
+                call._end(_outcome(call, raised))
+                raise
+            if error is None:
+                call._end(call._outcome or "unrecorded")
+            else:
+                call._end(_outcome(call, error))
+        except BaseException as raised:
+            self._traced.__exit__(type(raised), raised, raised.__traceback__)
+            raise
+        self._traced.__exit__(kind, error, tb)  # the block's exception, if any, goes on
+
+
+def _outcome(call: GuardedCall, error: BaseException) -> Outcome:
+    """How a call that `error` left ends: a refusal by the output check is `refused` (one raised
+    in the block by anything else, `failed`), another exception `failed`, a cancellation
+    (`asyncio.CancelledError`, KeyboardInterrupt) `cancelled`."""
+    if isinstance(error, UnsafeRecompactionError):
+        return "refused" if call.grounding is not None else "failed"
+    return "failed" if isinstance(error, Exception) else "cancelled"
+
+
 def _texts(output: Any) -> list[str]:
     """A summarizer's output as the summaries to record; TypeError if its shape is unreadable
     (an output the guard cannot record would come back later as original evidence)."""
     if output is None:
         return []
+    if type(output) is str:  # the common case: one text
+        text = output.strip()
+        return [text] if text else []
     units = _shapes.read(output, keep=(Region,), where="output")
     texts = [u.text or "" if isinstance(u, Region) else u for u in units]
     return [t.strip() for t in texts if t.strip()]
@@ -222,10 +292,21 @@ class Summarizer:
             return kwargs[self.argument]
         raise TypeError(f"guarded summarizer {self.name!r} was called without its input")
 
+    #: The last request in force and what `request` made of it, as one pair (most calls see
+    #: the same request; a pair is read and replaced whole, so threads never mix two).
+    _last: list[tuple[Request, Request]] = field(default_factory=list, compare=False, repr=False)
+
     def request(self) -> Request:
         """The current request, with this summarizer's default trigger when it names none."""
         current = current_request()
-        return current if current.trigger is not None else _with_trigger(current, self.trigger)
+        if current.trigger is not None:
+            return current
+        last = self._last[-1] if self._last else None
+        if last is not None and last[0] is current:
+            return last[1]
+        made = _with_trigger(current, self.trigger)
+        self._last[:] = [(current, made)]
+        return made
 
 
 class Guard:
@@ -344,7 +425,6 @@ class Guard:
 
     # -- the seam: one guarded call -------------------------------------------------------------
 
-    @contextmanager
     def guarding(
         self,
         value: Any,
@@ -353,7 +433,7 @@ class Guard:
         request: Request | None = None,
         lossless: bool = False,
         idempotent: bool = False,
-    ) -> Iterator[GuardedCall]:
+    ) -> AbstractContextManager[GuardedCall]:
         """Decide a summarize call on `value`; the block runs it if granted.
 
         >>> with guard.guarding(messages, summarizer="chat-summary") as call:
@@ -371,22 +451,7 @@ class Guard:
         in an async function, so an async twin would only be a second path to keep equal. Use
         it as `with` inside `async def` and `await` the summarizer in the block.
         """
-        req = request if request is not None else current_request()
-        with self._telemetry.guarded(summarizer) as span:
-            call = self._decide(value, summarizer, req, lossless, idempotent, span)
-            try:
-                with self._telemetry.summarizing(summarizer):
-                    yield call
-            except UnsafeRecompactionError:
-                call._end("refused" if call.grounding is not None else "failed")
-                raise
-            except Exception:
-                call._end("failed")
-                raise
-            except BaseException:
-                call._end("cancelled")
-                raise
-            call._end(call._outcome or "unrecorded")
+        return _Guarding(self, value, summarizer, request, lossless, idempotent)
 
     # -- decorating -----------------------------------------------------------------------------
 

@@ -98,6 +98,10 @@ class Index:
         self._used: dict[bytes, int] = {}  # anchor -> texts using it
         self._digests: set[str] = set()
         self._dropped: set[str] = set()  # digests to leave out at the next merge
+        #: Texts made findable so far (added, or added again after a discard): a caller that
+        #: remembers what `find` gave for an input knows it still stands while this is unchanged
+        #: and nothing was discarded.
+        self.added = 0
 
     def __len__(self) -> int:
         return len(self._digests)
@@ -113,6 +117,7 @@ class Index:
         so a working set cycling through a bounded cache does not pile up copies."""
         if len(data) < MIN_BYTES or digest in self._digests:
             return
+        self.added += 1
         if digest in self._dropped:  # discarded but still in its automaton: find it there again
             self._dropped.discard(digest)  # (a second copy would outlive every merge)
             self._digests.add(digest)

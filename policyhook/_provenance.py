@@ -14,7 +14,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol, cast, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, cast, runtime_checkable
 
 from policyhook import _fork, _shapes
 from policyhook._index import MIN_BYTES, Index
@@ -29,6 +29,14 @@ MIN_EMBEDDED_CHARS = MIN_BYTES
 UNREGISTERED = "window"
 #: Summaries whose full source sets are kept in memory (most recently used).
 _CLOSURES = 256
+#: Messages whose known texts found are remembered for the next input holding them (most recently
+#: used): a chat resent with one more turn is not searched, nor asked of the store, again.
+_SPLITS = 256
+#: Region ids of recent inputs kept (by their parts' digests), so an input seen again is not
+#: hashed a second time for its id; all dropped at once past this many, and kept only for
+#: inputs of up to about 60 parts (the key is their digests joined: at most ~0.5 MB in all).
+_REGION_IDS = 256
+_REGION_ID_KEY = 2048
 #: The kinds of an unrecognised gap's region (one set, shared).
 _GAP_KINDS = frozenset((UNREGISTERED,))
 #: Kind given to content that could not be checked because the store did not answer.
@@ -40,6 +48,18 @@ ANCHOR_BYTES = MIN_EMBEDDED_CHARS
 #: Key for ids made without a store (`Region.original`, adapters): random per process, so an id
 #: that leaves the process cannot be reversed by hashing guesses of a short text.
 _PROCESS_KEY = secrets.token_bytes(32)
+
+
+_T = TypeVar("_T")
+
+
+def _made(cls: type[_T], fields: dict[str, Any]) -> _T:
+    """An instance of a frozen dataclass from every one of its fields, without the generated
+    `__init__` (which sets each field with `object.__setattr__`: twice the cost). The hot path
+    builds several per call; the instance is the one `cls(**fields)` would make."""
+    made = object.__new__(cls)
+    made.__dict__.update(fields)
+    return made
 
 
 def encode(text: str) -> bytes:
@@ -104,17 +124,20 @@ class Entry:
             return self
         parents = {*self.parents, *earlier.parents}
         parents.discard(self.id)
-        return Entry(
-            self.digest,
-            self.id,
-            max(self.depth, earlier.depth),
-            self.kind,
-            self.size,
-            self.anchor,
-            tuple(sorted(parents)),
-            tuple(sorted({*self.sources, *earlier.sources})),
-            tuple(sorted({*self.source_kinds, *earlier.source_kinds})),
-            self.window,
+        return _made(
+            Entry,
+            {
+                "digest": self.digest,
+                "id": self.id,
+                "depth": max(self.depth, earlier.depth),
+                "kind": self.kind,
+                "size": self.size,
+                "anchor": self.anchor,
+                "parents": tuple(sorted(parents)),
+                "sources": tuple(sorted({*self.sources, *earlier.sources})),
+                "source_kinds": tuple(sorted({*self.source_kinds, *earlier.source_kinds})),
+                "window": self.window,
+            },
         )
 
     def region(self, sources: frozenset[str], chars: int | None = None) -> Region:
@@ -235,16 +258,16 @@ class Resolution:
     failure: Exception | None = field(default=None, compare=False)
 
 
-def _unverifiable(key: str, chars: int) -> Region:
+#: One part of an input as the ledger resolves it: (id, depth, sources, source kinds, chars),
+#: the fields of the `Region` it stands for (plain tuples: an input has many, built per call).
+_Part = tuple[str, int, frozenset[str], frozenset[str], int]
+
+
+def _unverifiable(key: str, chars: int) -> _Part:
     """A message the ledger could not check because the store did not answer: it may be a
     summary, so it counts as one resting on a source no store holds (fail closed)."""
-    return Region(
-        id=f"{UNVERIFIABLE}:{key[:16]}",
-        depth=1,
-        sources=frozenset({f"{UNVERIFIABLE}:{key[:16]}"}),
-        source_kinds=frozenset({UNVERIFIABLE}),
-        chars=chars,
-    )
+    unverifiable = f"{UNVERIFIABLE}:{key[:16]}"
+    return (unverifiable, 1, frozenset({unverifiable}), frozenset({UNVERIFIABLE}), chars)
 
 
 #: One fact of a summary and the ids of every source stating it (per-fact provenance). The fact
@@ -383,6 +406,7 @@ class Ledger:
         self.max_texts = max_texts
         self.max_windows = max_windows
         self._key = store.secret()
+        self._anchors = _anchor_hash(self._key)  # anchor_of's hash, keyed once: copies cost less
         self._reader: Store = store  # what recognition reads: the store, or see `_viewed`
         self._lock = threading.RLock()
         self._entries: OrderedDict[str, Entry] = OrderedDict()  # digest -> entry, LRU
@@ -397,10 +421,24 @@ class Ledger:
         # Source sets of recently recorded or resolved summaries: a rolling chain's next pass
         # reuses its parent's instead of walking the chain.
         self._closures: OrderedDict[str, frozenset[str]] = OrderedDict()
+        self._region_ids: dict[str, str] = {}  # joined digests of recent inputs -> region id
+        # Where known texts lie in recently split messages, by message digest (`_found`).
+        self._splits: OrderedDict[str, _Split] = OrderedDict()
+        # Bumped whenever a text the index found may no longer be (a discard) or a text the store
+        # knows cannot be found by the index (no text): remembered splits made before are redone.
+        self._epoch = 0
         _fork.register(self, Ledger._after_fork)
 
     def _after_fork(self) -> None:
         self._lock = threading.RLock()  # another thread may have held it at the fork
+
+    def _anchor(self, data: bytes) -> str | None:
+        """`anchor_of(self._key, data)`, from the hash keyed once."""
+        if len(data) < ANCHOR_BYTES:
+            return None
+        hashed = self._anchors.copy()
+        hashed.update(data[:ANCHOR_BYTES])
+        return hashed.hexdigest()
 
     def text_id(self, prefix: str, text: str) -> str:
         """An id for `text` keyed with the store's secret: the same in every process sharing it."""
@@ -487,26 +525,34 @@ class Ledger:
         _shapes.check_id("window", window)
         data = encode(text)
         key = digest(self._key, data)
-        region = Region(
-            id=f"s:{key[:16]}",
-            depth=summarized.depth + 1,
-            sources=summarized.sources,
-            source_kinds=summarized.source_kinds,
-            chars=len(text),
-            text=text,
+        region_id, depth = f"s:{key[:16]}", summarized.depth + 1
+        region = _made(
+            Region,
+            {
+                "id": region_id,
+                "depth": depth,
+                "sources": summarized.sources,
+                "source_kinds": summarized.source_kinds,
+                "chars": len(text),
+                "text": text,
+            },
         )
         with self._lock:
             parents, direct = self._made_of.get(summarized.id, ((), summarized.sources))
-        entry = Entry(
-            digest=key,
-            id=region.id,
-            depth=region.depth,
-            size=len(data),
-            anchor=anchor_of(self._key, data),
-            parents=parents,
-            sources=tuple(sorted(direct)),
-            source_kinds=tuple(sorted(region.source_kinds)),
-            window=window,
+        entry = _made(
+            Entry,
+            {
+                "digest": key,
+                "id": region_id,
+                "depth": depth,
+                "kind": "summary",
+                "size": len(data),
+                "anchor": self._anchor(data),
+                "parents": parents,
+                "sources": tuple(sorted(direct)),
+                "source_kinds": tuple(sorted(summarized.source_kinds)),
+                "window": window,
+            },
         )
         merged = False
         try:
@@ -538,7 +584,7 @@ class Ledger:
     def resolve(self, value: Any, window: str) -> Resolution:
         """What `value` rests on: any shape `policyhook._shapes` reads (str, messages, content
         blocks, Regions, nested lists); TypeError naming the part it cannot read."""
-        items: list[Region | str] = list(_shapes.read(value, keep=(Region,)))
+        items: list[Region | str] = _shapes.read(value, keep=(Region,))  # a new list
         return self._viewed(items, window)
 
     def _viewed(self, items: list[Region | str], window: str) -> Resolution:
@@ -586,7 +632,7 @@ class Ledger:
         if len(view.since) < 1024 and not changed:  # the view changed nothing: `first` stands
             # It found no entries (`changed` would be set), so it answered the liveness of
             # exactly the region's sources: no intersection to take (O(k) on a long chain).
-            return Resolution(first.region, first.unregistered, first.summaries, view.live)
+            return _made(Resolution, {**first.__dict__, "live": view.live})
         if len(view.since) >= 1024:  # far behind: catch up the usual way, then resolve
             found = self._resolve(items)
         else:  # caught up by the view: resolve again from what it brought
@@ -632,7 +678,7 @@ class Ledger:
                 data = b""
                 digests.append(digest(secret, encode(item.text or item.id)))
             encoded.append(data)
-        parts: list[Region] = []
+        parts: list[_Part] = []
         unregistered: list[tuple[str, str]] = []
         closures: dict[str, frozenset[str]] = {}
         failure: Exception | None = None
@@ -643,7 +689,7 @@ class Ledger:
             failure = exc
         for at, (item, data, key) in enumerate(zip(items, encoded, digests, strict=True)):
             if isinstance(item, Region):
-                parts.append(item)
+                parts.append((item.id, item.depth, item.sources, item.source_kinds, item.chars))
                 continue
             entry = known.get(key) or self._entries.get(key)
             if entry is None and at in bare:
@@ -674,78 +720,154 @@ class Ledger:
                 "tell apart counts as a summary of dead sources (fail closed)",
                 exc_info=failure,
             )
-        region_id = "r:" + digest(secret, "\x1e".join(digests).encode())[:16]
+        joined = "\x1e".join(digests)
+        region_id = self._region_ids.get(joined)
+        if region_id is None:  # an input not seen lately: its id is a hash of its parts' digests
+            region_id = "r:" + digest(secret, joined.encode())[:16]
+            if len(joined) <= _REGION_ID_KEY:
+                if len(self._region_ids) >= _REGION_IDS:
+                    self._region_ids.clear()
+                self._region_ids[joined] = region_id
         cached = self._summaries
         summaries: dict[str, None] = {}  # the summaries the input is made of, in order
         parents: set[str] = set()  # those of them cached: the region rests on them by id
         direct: list[frozenset[str]] = []  # the sources of every other part
-        for part in parts:
-            if part.depth > 0:
-                summaries[part.id] = None
-                if part.id in cached:
-                    parents.add(part.id)
+        depth = chars = 0
+        for part_id, part_depth, sources, _, part_chars in parts:
+            chars += part_chars
+            if part_depth > 0:
+                depth = max(depth, part_depth)
+                summaries[part_id] = None
+                if part_id in cached:
+                    parents.add(part_id)
                     continue
-            direct.append(part.sources)
+            direct.append(sources)
         made_of = self._made_of
         made_of[region_id] = (tuple(sorted(parents)), frozenset().union(*direct))
         made_of.move_to_end(region_id)
         if len(made_of) > 256:
             made_of.popitem(last=False)
-        return Resolution(
-            Region.merge(parts, region_id), tuple(unregistered), tuple(summaries), failure=failure
+        if len(parts) == 1:  # the common case: one message (its sets are shared, not copied)
+            sources, kinds = parts[0][2], parts[0][3]
+        else:  # the region made of its parts side by side (`Region.merge`)
+            sources = frozenset().union(*[part[2] for part in parts])
+            kinds = frozenset().union(*[part[3] for part in parts])
+        region = _made(
+            Region,
+            {
+                "id": region_id,
+                "depth": depth,
+                "sources": sources,
+                "source_kinds": kinds,
+                "chars": chars,
+                "text": None,
+            },
         )
+        fields = {"region": region, "unregistered": tuple(unregistered)}
+        fields.update(summaries=tuple(summaries), live=None, failure=failure)
+        return _made(Resolution, fields)
 
     def _split(
         self,
         text: str,
         data: bytes,
         key: str,
-        parts: list[Region],
+        parts: list[_Part],
         unregistered: list[tuple[str, str]],
         closures: dict[str, frozenset[str]],
     ) -> None:
-        """The known texts inside one message and the unrecognised gaps between them."""
-        cursor = 0
-        found, overlapped = self._find(data)
-        ascii = len(data) == len(text)  # then byte offsets are character offsets
-        for start, end, entry in found:
-            if start > cursor:
-                gap = text[cursor:start] if ascii else None
-                self._gap(data[cursor:start], parts, unregistered, key, cursor, gap)
-            chars = end - start if ascii else len(data[start:end].decode("utf-8", "surrogatepass"))
-            parts.append(self._region(entry, chars, closures))
-            cursor = end
-        if cursor == 0:
-            self._gap(data, parts, unregistered, key, -1, text)  # the whole message
-        elif cursor < len(data):
-            gap = text[cursor:] if ascii else None
-            self._gap(data[cursor:], parts, unregistered, key, cursor, gap)
-        # A known text overlapping the end of one found before it is in the input whole too: the
-        # region rests on it as well (its depth and sources), its characters counted once.
-        parts.extend(self._region(entry, 0, closures) for entry in overlapped)
+        """The known texts inside one message and the unrecognised gaps between them.
 
-    def _find(self, data: bytes) -> tuple[list[tuple[int, int, Entry]], list[Entry]]:
-        """Known texts inside `data`: non-overlapping, leftmost first, longest on a tie; and the
-        known texts that start inside one of those and end past it (their end would otherwise
-        pass for original content)."""
-        hits = self._confirmed(data, self._index.find(data))
-        if not self._complete:  # texts the cache does not hold, asked of the store
-            hits |= self._confirmed(data, self._ask_store(data))
-        ordered = sorted((start, start - end, key) for start, end, key in hits)
-        known = self._fetch([key for _, _, key in ordered])
-        out: list[tuple[int, int, Entry]] = []
-        overlapped: list[Entry] = []
+        How the message splits (`_recipe`) is remembered with where its known texts lie
+        (`_found`): the same message in the next input is rebuilt from it and the entries of
+        the texts, as they are now (a text's depth and sources may have grown)."""
+        ordered = self._found(data, key)
+        memo = self._splits.get(key)
+        recipe = memo[4] if memo is not None and memo[3] is ordered else None
+        if recipe is not None:
+            known = self._fetch([op[1] for op in recipe if op[0] == _TEXT])
+            if any(op[0] == _TEXT and op[1] not in known for op in recipe):
+                recipe = None  # confirmed by digest, so known: only a racing eviction
+        else:
+            known = self._fetch([d for *_, d in ordered])
+        if recipe is None:
+            recipe = self._recipe(text, data, key, ordered, known)
+            if memo is not None and memo[3] is ordered and all(d in known for *_, d in ordered):
+                self._splits[key] = (*memo[:4], recipe)  # every text it holds was read
+        ascii = len(data) == len(text)  # then byte offsets are character offsets
+        for op, text_digest, start, end, part in recipe:
+            if op == _TEXT:  # (its chars in `start`)
+                parts.append(self._region(known[text_digest], start, closures))
+            else:
+                gap = text[start:end] if ascii else data[start:end].decode("utf-8", "surrogatepass")
+                unregistered.append((part[0], gap))
+                parts.append(part)
+
+    def _recipe(
+        self,
+        text: str,
+        data: bytes,
+        key: str,
+        ordered: tuple[tuple[int, int, str], ...],
+        known: Mapping[str, Entry],
+    ) -> tuple[_Op, ...]:
+        """How a message splits: its known texts (non-overlapping, leftmost first, longest on a
+        tie: `ordered`), the unrecognised gaps between them, and the known texts that start
+        inside one of those and end past it (their end would otherwise pass for original
+        content: the region rests on them too, their characters counted once)."""
+        ascii = len(data) == len(text)  # then byte offsets are character offsets
+        ops: list[_Op] = []
+        over: list[_Op] = []
         cursor = 0
-        for start, negative, key in ordered:
-            entry = known.get(key)
+        for start, negative, digest_ in ordered:
+            entry = known.get(digest_)
             if entry is None:  # confirmed by digest, so known: only a racing eviction
                 continue
+            end = start - negative
             if start >= cursor:
-                cursor = start - negative
-                out.append((start, cursor, entry))
-            elif start - negative > cursor:  # starts inside the last one found, ends past it
-                overlapped.append(entry)
-        return out, overlapped
+                if start > cursor:
+                    ops.extend(self._gap(text, data, key, cursor, start, ascii))
+                chars = (
+                    end - start if ascii else len(data[start:end].decode("utf-8", "surrogatepass"))
+                )
+                ops.append((_TEXT, digest_, chars, 0, _NO_PART))
+                cursor = end
+            elif end > cursor:  # starts inside the last one found, ends past it
+                over.append((_TEXT, digest_, 0, 0, _NO_PART))
+        if cursor < len(data):
+            ops.extend(self._gap(text, data, key, cursor, len(data), ascii))
+        return (*ops, *over)
+
+    def _found(self, data: bytes, key: str) -> tuple[tuple[int, int, str], ...]:
+        """(start, -length, digest) of every known text in `data`, in order: found by the index,
+        and while the cache is incomplete by the store (`_ask_store`, every position hashed).
+
+        Remembered per message digest: what the store found stands until the epoch moves (a
+        text discarded from the index, or known with no text to index), and what the index found
+        until it adds a text. Texts the store learns from other processes come through `since`
+        and are indexed (or move the epoch) before they can be missed, so a remembered "not
+        there" never hides one. Not used while the store is down: then the call fails closed."""
+        failing = isinstance(self._reader, _Failing)
+        memo = None if failing else self._splits.get(key)
+        epoch, added = self._epoch, self._index.added
+        stored: frozenset[tuple[int, int, str]] | None = None
+        if memo is not None and memo[0] == epoch:
+            self._splits.move_to_end(key)
+            if memo[1] == added:
+                return memo[3]
+            stored = memo[2]
+        hits = self._confirmed(data, self._index.find(data))
+        if stored is None:
+            stored = frozenset()
+            if not self._complete:  # texts the cache does not hold, asked of the store
+                stored = frozenset(self._confirmed(data, self._ask_store(data)))
+        ordered = tuple(sorted((start, start - end, key) for start, end, key in hits | stored))
+        if not failing:
+            self._splits[key] = (epoch, added, stored, ordered, None)
+            self._splits.move_to_end(key)
+            if len(self._splits) > _SPLITS:
+                self._splits.popitem(last=False)
+        return ordered
 
     def _confirmed(
         self, data: bytes, candidates: Iterable[tuple[int, int, str]]
@@ -767,7 +889,7 @@ class Ledger:
         should hold a working set.
         """
         anchors: dict[str, list[int]] = {}
-        keyed = _anchor_hash(self._key)  # anchor_of's hash, keyed once: copies cost half
+        keyed = self._anchors
         for at in range(len(data) - ANCHOR_BYTES + 1):
             if data[at] & 0xC0 == 0x80:  # not a char start
                 continue
@@ -790,7 +912,7 @@ class Ledger:
         evict another found in the same input."""
         found: dict[str, Entry] = {}
         missing: list[str] = []
-        for key in dict.fromkeys(digests):
+        for key in dict.fromkeys(digests) if len(digests) > 1 else digests:
             entry = self._entries.get(key)
             if entry is None:
                 missing.append(key)
@@ -802,13 +924,14 @@ class Ledger:
                 found[key] = entry
         return found
 
-    def _region(self, entry: Entry, chars: int, closures: dict[str, frozenset[str]]) -> Region:
+    def _region(self, entry: Entry, chars: int, closures: dict[str, frozenset[str]]) -> _Part:
+        """The part of an input a known text is (as `Entry.region` would make it)."""
         if entry.depth == 0:  # a source's entry rests on itself alone
-            return Region(entry.id, 0, frozenset((entry.id,)), frozenset((entry.kind,)), chars)
+            return (entry.id, 0, frozenset((entry.id,)), frozenset((entry.kind,)), chars)
         sources = closures.get(entry.id)
         if sources is None:
             sources = closures[entry.id] = self._rests_on(entry)
-        return entry.region(sources, chars)
+        return (entry.id, entry.depth, sources, frozenset(entry.source_kinds), chars)
 
     def _rests_on(self, entry: Entry) -> frozenset[str]:
         """Every source a summary rests on: remembered from when it was recorded or last
@@ -843,25 +966,20 @@ class Ledger:
         return frozenset(sources)
 
     def _gap(
-        self,
-        data: bytes,
-        parts: list[Region],
-        unregistered: list[tuple[str, str]],
-        key: str,
-        at: int,
-        text: str | None = None,
-    ) -> None:
-        """Unrecognised content: original, resting on a source of its own. A whole message's id
-        is its digest; a gap's comes from the message's digest and the gap's place, so the
-        input is hashed once."""
-        if text is None:
-            text = data.decode("utf-8", "surrogatepass")
-        if not text.strip():
-            return
-        place = key if at == -1 else digest(self._key, f"{key}:{at}:{len(data)}".encode())
+        self, text: str, data: bytes, key: str, start: int, end: int, ascii: bool
+    ) -> list[_Op]:
+        """Unrecognised content (bytes `start:end` of the message): original, resting on a
+        source of its own; none if it is only whitespace. A whole message's id is its digest;
+        a gap's comes from the message's digest and the gap's place, so the input is hashed
+        once."""
+        gap = text[start:end] if ascii else data[start:end].decode("utf-8", "surrogatepass")
+        if not gap.strip():
+            return []
+        whole = start == 0 and end == len(data)
+        place = key if whole else digest(self._key, f"{key}:{start}:{end - start}".encode())
         source_id = f"{UNREGISTERED}:{place[:16]}"
-        unregistered.append((source_id, text))
-        parts.append(Region(source_id, 0, frozenset((source_id,)), _GAP_KINDS, len(text)))
+        part = (source_id, 0, frozenset((source_id,)), _GAP_KINDS, len(gap))
+        return [(_GAP, "", start, end, part)]
 
     def max_depth(self, window: str) -> int:
         """The deepest summary recorded in the window: O(1)."""
@@ -898,6 +1016,7 @@ class Ledger:
             if dropped.digest in self._index:
                 self._index.discard(dropped.digest)
                 self._complete = False
+                self._epoch += 1
 
     def _learn(self, entry: Entry, data: bytes, check: bool = False) -> None:
         """Cache an entry and index its text (`data`) for finding it inside longer input."""
@@ -943,8 +1062,25 @@ class Ledger:
                 # ask the store. (An evicted source found there or not is dead either way.)
                 if entry.anchor is not None and entry.depth > 0:
                     self._complete = False
+                    self._epoch += 1
                     changed = True
         return changed
+
+
+#: One step of how a message splits (`Ledger._recipe`): (_TEXT, digest, chars, 0, _NO_PART) for
+#: a known text, (_GAP, "", start, end, part) for unrecognised content at those bytes.
+_Op = tuple[int, str, int, int, "_Part"]
+_TEXT, _GAP = 0, 1
+_NO_PART: _Part = ("", 0, frozenset(), frozenset(), 0)
+#: A remembered split (`Ledger._found`, `Ledger._split`): the epoch and index additions it was
+#: made at, what the store found, every known text found (ordered), and how it splits.
+_Split = tuple[
+    int,
+    int,
+    frozenset[tuple[int, int, str]],
+    tuple[tuple[int, int, str], ...],
+    tuple[_Op, ...] | None,
+]
 
 
 class _Deferred:

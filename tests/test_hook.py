@@ -439,6 +439,33 @@ class TestGuardingSeam:
         records = [r for _, r in policyhook.decisionlog.read(tmp_path / "log.jsonl")]
         assert [r["outcome"] for r in records] == ["failed", "unrecorded", "checked"]
 
+    def test_an_exception_after_recording_ends_the_call_failed(self, tmp_path: Path) -> None:
+        """The block raised after `call.record`: the exception propagates unchanged and the call
+        ends `failed` (not `summarized`); a KeyboardInterrupt there ends it `cancelled`."""
+        guard = Guard(decision_log=tmp_path / "log.jsonl")
+        for error in (ValueError("caller bug"), KeyboardInterrupt()):
+            with (
+                pytest.raises(type(error)) as raised,
+                guard.guarding("an original turn", summarizer="s") as call,
+            ):
+                call.record("a summary of the original turn")
+                raise error
+            assert raised.value is error
+        guard.close()
+        records = [r for _, r in policyhook.decisionlog.read(tmp_path / "log.jsonl")]
+        assert [r["outcome"] for r in records] == ["failed", "cancelled"]
+
+    def test_the_request_is_read_when_the_block_is_entered(self) -> None:
+        """`guarding(...)` made outside a `policyhook.request` block and entered inside it
+        decides with that block's request (as when the body ran on entering)."""
+        guard = Guard()
+        seen: list[dict[str, Any]] = []
+        guard.add_listener(lambda decision, activation: seen.append(dict(activation)))
+        guarded = guard.guarding("an original turn", summarizer="s")
+        with policyhook.request(window="entered"), guarded as call:
+            call.record("a summary of the original turn")
+        assert seen[0]["window"]["id"] == "entered"
+
     def test_reload_puts_edited_policies_in_force_now(self, tmp_path: Path) -> None:
         """`guard.reload()` re-reads the files; a guard without files has nothing to reload."""
         (tmp_path / "p.yaml").write_text(AUDIT)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policyhook import Guard, MemoryStore, Region, Source, SQLiteStore, _index
+from policyhook import Guard, MemoryStore, Region, Source, SQLiteStore, _index, _provenance
 from policyhook._index import _BATCH, _LARGE_INPUT, Index
 from policyhook._provenance import Ledger
 from policyhook.testing import capture_decisions
@@ -204,6 +205,10 @@ def summary_text(i: int) -> str:
     return f"summary number {i}: the retry ceiling of job {i} is {i % 9}, from config"
 
 
+def _digest(ledger: Ledger, text: str) -> str:
+    return _provenance.digest(ledger.store.secret(), text.encode())
+
+
 def source_text(i: int) -> str:
     return f"tool output {i}: deploy of service {i} finished with exit code {i % 3}"
 
@@ -357,6 +362,107 @@ class TestExactWhateverIsCached:
         ledger.record_summary("retry ceiling is 7, per the config", again.region, "w")
         region = ledger.resolve("retry ceiling is 7, per the config", "w").region
         assert region.depth == 2 and "cfg" in region.sources
+
+
+class TestBuiltWithoutInit:
+    def test_hot_path_objects_have_every_field(self) -> None:
+        """The ledger builds Regions, Entries and Resolutions without their `__init__`
+        (`_provenance._made`): each has exactly its dataclass's fields and equals one built the
+        usual way (a field added to the class and not to a hot path fails here)."""
+        store = MemoryStore()
+        ledger = Ledger(store)
+        ledger.record_source(source_text(1), "tool_output", "t1")
+        base = Region("r", sources=frozenset({"t1"}), source_kinds=frozenset({"tool_output"}))
+        first = ledger.record_summary(summary_text(1), base, "w")
+        again = ledger.record_summary(summary_text(1), Region("q", sources=frozenset({"x"})), "w")
+        resolution = ledger.resolve(f"{summary_text(1)} then {source_text(1)} and new words", "w")
+        entry = store.lookup([_digest(ledger, summary_text(1))])[_digest(ledger, summary_text(1))]
+        for made in (first, again, resolution, resolution.region, entry):
+            names = [f.name for f in dataclasses.fields(made)]
+            assert list(vars(made)) == names, type(made).__name__
+            assert made == type(made)(**{n: getattr(made, n) for n in names})
+
+
+class TestRememberedSplits:
+    """The ledger remembers where known texts lie in a message it split (`Ledger._found`), the
+    store's answers too: a remembered "nothing there" must never hide a text the store learned
+    since, from this process or another."""
+
+    MESSAGE = "head words first. {} and tail words after it."
+
+    @pytest.mark.parametrize("cache", [2, 65_536])
+    def test_another_process_records_a_summary_inside_a_split_message(
+        self, tmp_path: Path, cache: int
+    ) -> None:
+        """A message split twice (the second time from memory) by a process whose cache is past
+        its bound (so the store was asked at every position) or complete; then another process
+        on the same SQLite file records a summary inside it, and three texts after it (which
+        push the summary out of the small cache as soon as it is learnt): the next resolve
+        finds the summary and its source."""
+        message = self.MESSAGE.format(summary_text(7))
+        with SQLiteStore(tmp_path / "s.db") as one, SQLiteStore(tmp_path / "s.db") as two:
+            first, second = Ledger(one, max_texts=cache), Ledger(two)
+            for i in range(3):
+                first.record_source(source_text(i), "tool_output", f"t{i}")
+            for _ in range(2):
+                assert first.resolve(message, "w").region.depth == 0
+            second.record_summary(summary_text(7), Region("r", sources=frozenset({"cfg"})), "w")
+            for i in range(3, 6):
+                second.record_source(source_text(i), "tool_output", f"t{i}")
+            region = first.resolve(message, "w").region
+            assert region.depth == 1 and "cfg" in region.sources
+
+    def test_a_summary_recorded_here_is_found_in_a_split_message(self) -> None:
+        """The same within one process: the split of a message is redone once the ledger has
+        indexed a text (its own output) that lies inside it."""
+        ledger = Ledger(MemoryStore())
+        message = self.MESSAGE.format(summary_text(8))
+        assert ledger.resolve(message, "w").region.depth == 0
+        ledger.record_summary(summary_text(8), Region("r", sources=frozenset({"cfg"})), "w")
+        region = ledger.resolve(message, "w").region
+        assert region.depth == 1 and "cfg" in region.sources
+
+    @settings(max_examples=60, deadline=None)
+    @given(
+        cache=st.integers(1, 6),
+        ops=st.lists(
+            st.tuples(
+                st.sampled_from(["summary", "source", "other", "resolve"]), st.integers(0, 7)
+            ),
+            max_size=30,
+        ),
+    )
+    def test_resolutions_match_a_fresh_ledgers(
+        self, cache: int, ops: list[tuple[str, int]]
+    ) -> None:
+        """Whatever this ledger (small cache, remembered splits) and another one on the same
+        store recorded in between, resolving a message gives what a new ledger on that store,
+        with nothing remembered, gives."""
+        store = MemoryStore()
+        ledger, other = Ledger(store, max_texts=cache), Ledger(store)
+        messages = [  # two summaries each, in ASCII and not (byte offsets are not characters)
+            ("café: " if i % 2 else "")
+            + self.MESSAGE.format(" and ".join(summary_text(j) for j in range(i % 4, i % 4 + 2)))
+            for i in range(8)
+        ]
+        for op, i in ops:
+            if op == "summary":  # by either process
+                by = ledger if i % 2 else other
+                by.record_summary(
+                    summary_text(i % 5), Region(f"r{i}", sources=frozenset({f"s{i}"})), "w"
+                )
+            elif op == "source":
+                ledger.record_source(source_text(i), "tool_output", f"t{i}")
+            elif op == "other":
+                other.record_source(summary_text(i % 5), "tool_output", f"quoted{i}")
+            else:
+                got = ledger.resolve(messages[i], "w")
+                fresh = Ledger(store).resolve(messages[i], "w")
+                assert (got.region, got.unregistered, got.summaries) == (
+                    fresh.region,
+                    fresh.unregistered,
+                    fresh.summaries,
+                )
 
 
 class TestIndexMemory:
