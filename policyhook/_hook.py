@@ -389,9 +389,17 @@ class Guard:
         return self._watcher.check() if self._watcher is not None else False
 
     def close(self) -> None:
-        """Stop following policy files and close the decision log."""
+        """Stop following policy files, write what the store still lacks (summaries whose write
+        failed, if it is back) and close the decision log."""
         if self._watcher is not None:
             self._watcher.stop()
+        owed = self.ledger.write_unwritten()
+        if owed:
+            _logger.warning(
+                "policyhook: %d granted summaries could not be written to the store; other "
+                "processes will not recognise them as summaries",
+                owed,
+            )
         if self.decision_log is not None:
             self.decision_log.close()
 
@@ -943,10 +951,13 @@ class Guard:
     def _store_failed(self, call: GuardedCall, operation: str, error: Exception) -> None:
         """After a grant: the output is the caller's whatever the store says; say what was lost."""
         _logger.warning(
-            "policyhook: store %s failed after %r was granted; the output is returned, but a "
-            "later process will not recognise it as a summary",
+            "policyhook: store %s failed after %r was granted; the output is returned%s",
             operation,
             call.summarizer,
+            ", and written to the store before the next decision (until then, only this process "
+            "recognises it as a summary)"
+            if operation == "put_summary"
+            else "",
             exc_info=True,
         )
         self._telemetry.store_failed(call._span, operation, error)

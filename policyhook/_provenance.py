@@ -37,6 +37,9 @@ _SPLITS = 256
 #: inputs of up to about 60 parts (the key is their digests joined: at most ~0.5 MB in all).
 _REGION_IDS = 256
 _REGION_ID_KEY = 2048
+#: Granted summaries whose store write failed kept for writing again; past this many (a store
+#: down for long), the oldest are dropped with a warning and only this process knows them.
+_UNWRITTEN = 1_024
 #: The kinds of an unrecognised gap's region (one set, shared).
 _GAP_KINDS = frozenset((UNREGISTERED,))
 #: Kind given to content that could not be checked because the store did not answer.
@@ -427,6 +430,9 @@ class Ledger:
         # Bumped whenever a text the index found may no longer be (a discard) or a text the store
         # knows cannot be found by the index (no text): remembered splits made before are redone.
         self._epoch = 0
+        # Granted summaries whose store write failed, oldest first, written again before the
+        # next read of the store: until then only this process knows them (docs/reliability.md).
+        self._unwritten: OrderedDict[str, tuple[Entry, str, Sequence[FactRecord]]] = OrderedDict()
         _fork.register(self, Ledger._after_fork)
 
     def _after_fork(self) -> None:
@@ -477,6 +483,27 @@ class Ledger:
             with self._lock:
                 self._learn(Entry.of_source(self._key, source, text), data)
         return source
+
+    def write_unwritten(self) -> int:
+        """Write the granted summaries whose store write failed, oldest first; how many are
+        still owed. Stops at the first failure (the store is still down): tried again later."""
+        while True:
+            with self._lock:
+                if not self._unwritten:
+                    return 0
+                key, (entry, text, facts) = next(iter(self._unwritten.items()))
+            try:  # the write, outside the lock, as record_summary's
+                stored = self._put_summary(entry, text, facts)
+            except Exception:
+                _logger.debug("policyhook: writing an unwritten summary failed", exc_info=True)
+                with self._lock:
+                    return len(self._unwritten)
+            with self._lock:
+                if self._unwritten.get(key, (None,))[0] is entry:
+                    del self._unwritten[key]
+                if stored is not entry and stored != entry:  # merged with another record
+                    self._learn(stored, encode(text))
+                    self._closures.pop(stored.id, None)
 
     def _put_summary(self, entry: Entry, text: str, facts: Sequence[FactRecord] = ()) -> Entry:
         """Store a summary's entry; the record as stored (merged with an earlier one)."""
@@ -559,6 +586,17 @@ class Ledger:
             stored = self._put_summary(entry, text, facts)
             merged = stored is not entry and stored != entry
             entry = stored
+        except Exception:
+            with self._lock:  # owed to the store: written before it is next read
+                self._unwritten[key] = (entry, text, facts)
+                if len(self._unwritten) > _UNWRITTEN:
+                    self._unwritten.popitem(last=False)
+                    _logger.warning(
+                        "policyhook: more than %d summaries could not be written to the store; "
+                        "the oldest is dropped: only this process recognises it",
+                        _UNWRITTEN,
+                    )
+            raise
         finally:  # learnt even when the store write fails: recognised in this process still
             with self._lock:
                 self._learn(entry, data)
@@ -597,6 +635,8 @@ class Ledger:
         contains) is it resolved again, with what the view brought, and the store asked again
         only for what that still lacks (liveness of a newly found source, by anchor...).
         """
+        if self._unwritten:  # what this process owes the store first, so that others see it
+            self.write_unwritten()
         asked: list[str] = []
         with self._lock:
             first = self._reading(_Deferred(self.store, asked), items)

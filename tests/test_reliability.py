@@ -152,6 +152,48 @@ class TestStoreFaults:
         if operation == "put_summary":  # still recognised by this process: never evidence
             assert seen.guard.provenance(SUMMARY).depth == 1
 
+    def test_a_summary_whose_write_failed_is_written_before_the_next_decision(
+        self, tmp_path: Path
+    ) -> None:
+        """Another process on the same file must not take the output for an original: once the
+        store is back, the summary is written before the guard next reads the store."""
+        store = Faulty(SQLiteStore(tmp_path / "store.db"), "put_summary", OSError(5, "EIO"))
+        guard = Guard(store=store)
+        summarize = guard(summary_of, summarizer="s")
+        guard.record_source(CONFIG, "config_read", "cfg-7")
+        store.failing = True
+        first = summarize(CONFIG)  # granted; its record failed
+        assert first == f"summary of {CONFIG}"
+        other = SQLiteStore(tmp_path / "store.db")  # another process: knows nothing of it yet
+        assert Guard(store=other).provenance(first).depth == 0
+        summarize("a new original turn")  # still failing: owed, not lost
+        assert Guard(store=other).provenance(first).depth == 0
+        store.failing = False
+        summarize("another original turn")  # the store is back: written before deciding
+        seen = Guard(store=other).provenance(first)
+        assert (seen.depth, seen.sources) == (1, frozenset({"cfg-7"}))
+        store.evict("cfg-7")
+        with pytest.raises(UnsafeRecompactionError):  # in the other process too
+            Guard(store=other)(summary_of, summarizer="s")(first)
+        other.close()
+
+    def test_an_unwritten_summary_is_written_on_close(
+        self, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A process that stops right after the failed write still leaves the record behind; if
+        the store is still down, close() says how many summaries other processes will not know."""
+        store = Faulty(SQLiteStore(tmp_path / "store.db"), "put_summary", OSError(5, "EIO"))
+        guard = Guard(store=store)
+        guard.record_source(CONFIG, "config_read", "cfg-7")
+        store.failing = True
+        first = guard(summary_of, summarizer="s")(CONFIG)
+        with caplog.at_level(logging.WARNING, logger="policyhook"):
+            guard.close()
+        assert "1 granted summaries could not be written" in caplog.text
+        store.failing = False
+        guard.close()
+        assert Guard(store=SQLiteStore(tmp_path / "store.db")).provenance(first).depth == 1
+
     def test_a_locked_sqlite_store_waits_a_bounded_time_then_returns_the_output(
         self, tmp_path: Path
     ) -> None:
