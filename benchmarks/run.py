@@ -143,7 +143,13 @@ def input_policies(backend: cel.Backend) -> PolicySet:
     return PolicySet(kept, policies.revision, policies.backend, policies.files)
 
 
-def make_activation(depth: int = 2, sources: int = 3, dead: int = 0) -> dict[str, Any]:
+def make_activation(
+    depth: int = 2,
+    sources: int = 3,
+    dead: int = 0,
+    lossless: bool = False,
+    trigger: str = "automatic",
+) -> schema.Activation:
     ids = [f"cfg-{i}" for i in range(sources)]
     region = Region(
         id=f"s:{depth}-{sources}-{dead}",
@@ -155,7 +161,7 @@ def make_activation(depth: int = 2, sources: int = 3, dead: int = 0) -> dict[str
     return schema.build(
         region,
         frozenset(ids[dead:]),
-        trigger="automatic",
+        trigger=trigger,
         budget_pressure=0.8,
         attempt=1,
         window_id="session-7",
@@ -163,7 +169,7 @@ def make_activation(depth: int = 2, sources: int = 3, dead: int = 0) -> dict[str
         window_budget=100_000,
         window_max_depth=depth,
         summarizer="conversation-summary",
-        lossless=False,
+        lossless=lossless,
         idempotent=False,
     )
 
@@ -185,8 +191,7 @@ def baseline(act: Mapping[str, Any]) -> tuple[str, str]:
 def check_baseline(policies: PolicySet) -> None:
     """The baseline is only a fair yardstick if it decides exactly like the policy."""
     for depth, n, dead, lossless in itertools.product((0, 1, 3), (0, 1, 3), (0, 1), (False, True)):
-        act = make_activation(depth, n, min(dead, n))
-        act["summarizer"]["lossless"] = lossless
+        act = make_activation(depth, n, min(dead, n), lossless)
         decision = policies.decide(act)
         expected = baseline(act)
         assert (decision.effect, decision.rule) == expected, (act, decision, expected)
@@ -368,7 +373,7 @@ def bench_engine(report: Report, backends: list[cel.Backend], repeat: int) -> di
     return engine
 
 
-def _decide_next(policies: PolicySet, activations: Iterator[dict[str, Any]]) -> None:
+def _decide_next(policies: PolicySet, activations: Iterator[Mapping[str, Any]]) -> None:
     policies.decide(next(activations))
 
 
@@ -607,7 +612,7 @@ def _stubbed_call(backend: cel.Backend, window: str, stubbed: set[str]) -> Calla
     return call
 
 
-def _activation_of(region: Region, live: Any) -> dict[str, Any]:
+def _activation_of(region: Region, live: Any) -> schema.Activation:
     """The activation the guard builds for a decorated call with no request context."""
     return schema.build(
         region, live, trigger="automatic", budget_pressure=0.0, attempt=1, window_id="default",
@@ -1330,9 +1335,7 @@ def write_log(path: Path, entries: int) -> None:
     for depth, n, dead, lossless, trigger in itertools.product(
         (0, 1, 2, 4), (0, 1, 3, 12), (0, 1, 3), (False, True), ("automatic", "manual")
     ):
-        act = make_activation(depth, n, min(dead, n))
-        act["summarizer"]["lossless"] = lossless
-        act["request"]["trigger"] = trigger
+        act = make_activation(depth, n, min(dead, n), lossless, trigger)
         shapes.append((act, policies.decide(act)))
     with path.open("w", encoding="utf-8") as out:
         for _ in range(entries):
