@@ -293,6 +293,8 @@ def build(
     sources = region.sources
     if not live:
         dead = sources
+    elif live is sources:  # a store that says "all of them" with the region's own set: O(1)
+        dead = frozenset()
     elif isinstance(live, set | frozenset):
         dead = sources - live  # one pass in C; nothing sorted or listed
     else:

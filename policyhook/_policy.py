@@ -21,6 +21,7 @@ from policyhook._activation import (
     INT64_MIN,
     LISTS,
     SCHEMA,
+    SUMMARY,
     Activation,
     Binding,
     attribute,
@@ -65,6 +66,17 @@ class FailurePolicy(StrEnum):
 #: expression was within the limits at that size when it was loaded, and its bounds only grow
 #: with the sizes, so there is nothing to check.
 Sizes = Mapping[str, int] | None
+
+#: Every list of every activation at 10^12 items: an expression within the limits there is
+#: within them at any size (its bounds only grow with the sizes).
+_HUGE: Mapping[str, int] = MappingProxyType(
+    {
+        f"{variable}.{f.name}": 10**12
+        for variable, fields in (*SCHEMA.items(), ("summary", SUMMARY))
+        for f in fields
+        if f.type.startswith("list")
+    }
+)
 
 MODES = tuple(Mode)
 FAILURE_POLICIES = tuple(FailurePolicy)
@@ -148,6 +160,13 @@ class Expression:
     program: Program
     name: str
     checked: _celcheck.Checked = field(default_factory=lambda: _celcheck.Checked(_celcheck.DYN))
+    #: Whether its worst case stays within the limits at any list size (`size(region.sources)`
+    #: costs the same at any k): then nothing is checked per decision. Made once, here.
+    unlimited: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        within = not self.checked.dynamic or _celcheck.over_limits(self.checked, _HUGE) is None
+        object.__setattr__(self, "unlimited", within)
 
     @property
     def bounded(self) -> bool:
@@ -156,7 +175,7 @@ class Expression:
 
     def over_limits(self, sizes: Sizes) -> str | None:
         """Why lists of these sizes make it too expensive to evaluate; None when they do not."""
-        if sizes is None or not self.checked.dynamic:
+        if sizes is None or self.unlimited:
             return None
         return _celcheck.over_limits(self.checked, sizes)
 
