@@ -183,6 +183,29 @@ class TestNothingMadeThatIsNotRead:
         assert decision.effect == ("deny" if dead else "allow")
         assert decision.dead_sources == tuple(sorted(gone))
 
+    def test_constant_cost_bounds_are_not_recomputed(
+        self, backend: cel.Backend, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Past 1,000 sources only an expression whose cost grows with them is bounded again
+        per decision; `size()` costs the same at any k."""
+        from policyhook import _celcheck
+
+        default = load_default(backend=backend)
+        costly = compiled(["region.sources.all(s, s != 'x')"], backend)
+        calls: list[Mapping[str, int]] = []
+        over = _celcheck.over_limits
+
+        def counted(checked: _celcheck.Checked, sizes: Mapping[str, int]) -> str | None:
+            calls.append(sizes)
+            return over(checked, sizes)
+
+        monkeypatch.setattr(_celcheck, "over_limits", counted)
+        many = build(frozenset(f"s{i}" for i in range(3_000)))
+        default.decide(many)
+        assert calls == []
+        assert costly.decide(many).effect == "allow"
+        assert calls and calls[0]["region.sources"] == 3_000
+
     def test_a_list_read_by_in_only_is_not_sorted(self, backend: cel.Backend) -> None:
         """`x in region.sources` gets the items in any order; indexing gets them sorted."""
         act = build()
