@@ -296,7 +296,7 @@ def bench_engine(report: Report, backends: list[cel.Backend], repeat: int) -> di
             backend: cel.Backend = backend,
         ) -> None:
             """What any engine pays per decision: a fresh activation, bound and evaluated."""
-            context = backend.context(_plain(make_activation(depth=2, sources=3, dead=0)))
+            context = backend.context(_fresh_plain(depth=2, sources=3, dead=0))
             programs[0].evaluate(context)
             bound = backend.bind(context, {name: programs[1].evaluate(context)})
             for program in rules:
@@ -304,7 +304,7 @@ def bench_engine(report: Report, backends: list[cel.Backend], repeat: int) -> di
 
         def fair_whole(whole: Any = whole, backend: cel.Backend = backend) -> None:
             """The same with the policy compiled as one program (what `decide` runs first)."""
-            whole.evaluate(backend.context(_plain(make_activation(depth=2, sources=3, dead=0))))
+            whole.evaluate(backend.context(_fresh_plain(depth=2, sources=3, dead=0)))
 
         def build_and_decide(policies: PolicySet = policies) -> None:
             """Like for like with the fair raw rows: the activation is built in the timed call."""
@@ -376,6 +376,24 @@ def bench_engine(report: Report, backends: list[cel.Backend], repeat: int) -> di
 def _plain(activation: schema.Activation) -> dict[str, dict[str, Any]]:
     """The activation as the plain data any engine is handed (every field, lists sorted)."""
     return {name: activation.plain(name) for name in activation}
+
+
+def _fresh_plain(depth: int = 2, sources: int = 3, dead: int = 0) -> dict[str, dict[str, Any]]:
+    """`make_activation` made as plain data directly, as `schema.build` made it until issue 12's
+    `Activation` (sorted lists, then dicts): the fair raw rows' fresh activation, so that
+    yardstick costs what it did."""
+    ids = sorted(f"cfg-{i}" for i in range(sources))
+    live = frozenset(ids[dead:])
+    kinds = sorted({"config_read", "tool_output"} if sources else ())
+    return {
+        "region": {"id": f"s:{depth}-{sources}-{dead}", "kind": "summary" if depth else "original",
+                   "depth": depth, "sources": ids, "live_sources": [s for s in ids if s in live],
+                   "dead_sources": [s for s in ids if s not in live], "source_kinds": kinds,
+                   "tokens": 1000, "chars": 4000},
+        "request": {"trigger": "automatic", "budget_pressure": 0.8, "attempt": 1},
+        "window": {"id": "session-7", "tokens": 90_000, "budget": 100_000, "max_depth": depth},
+        "summarizer": {"name": "conversation-summary", "lossless": False, "idempotent": False},
+    }  # fmt: skip
 
 
 def _decide_next(policies: PolicySet, activations: Iterator[Mapping[str, Any]]) -> None:
