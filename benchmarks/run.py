@@ -362,8 +362,9 @@ def bench_engine(report: Report, backends: list[cel.Backend], repeat: int) -> di
         ["what", "median µs", "mean µs", "p99 µs", "vs fair raw (same backend)", "vs hand-written"],
         table,
         "Activation: a depth-2 summary resting on 3 sources. `decide` reads activations built "
-        "beforehand (a different one each call) and includes checking their values, converting "
-        "the fields the policies read for the backend, evaluating and building the `Decision`; "
+        "beforehand (a different one each call) and includes binding the values the policies "
+        "read (in the form they read them: sizes of lists, not the lists), evaluating and "
+        "building the `Decision`; "
         "the deny row also runs the policy's expressions one by one to name the rule and "
         "evaluates its messageExpression. The \"fair raw\" rows convert the whole activation, "
         "as any engine handed it would. Targets (issue 12): `decide` <= 15 µs on "
