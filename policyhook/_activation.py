@@ -118,7 +118,7 @@ class Activation(Mapping[str, Mapping[str, Any]]):
         *(f"{variable}_{f.name}" for variable, fields in SCHEMA.items() for f in fields
           if (variable, f.name) not in LISTS),
         *(f"region_{name}_size" for _, name in sorted(LISTS)),
-        "dead", "live_set", "source_set", "kind_set", "problem", "longest",
+        "dead", "_live", "source_set", "kind_set", "problem", "longest",
         "_sorted", "_views",
     )  # fmt: skip
 
@@ -141,7 +141,7 @@ class Activation(Mapping[str, Mapping[str, Any]]):
         sources = self.source_set = region.sources
         self.kind_set = region.source_kinds
         self.dead = dead
-        self.live_set = sources - dead if dead else sources
+        self._live: frozenset[str] | None = None if dead else sources
         self.region_id = region.id
         self.region_kind = region.kind
         self.region_depth = region.depth
@@ -186,6 +186,13 @@ class Activation(Mapping[str, Mapping[str, Any]]):
         if made is None:
             made = self._sorted[name] = sorted(items)
         return made
+
+    @property
+    def live_set(self) -> frozenset[str]:
+        """The live sources, as a set (made when first read: a difference of k ids)."""
+        if self._live is None:
+            self._live = self.source_set - self.dead
+        return self._live
 
     @property
     def region_sources(self) -> list[str]:
@@ -257,6 +264,7 @@ class Activation(Mapping[str, Mapping[str, Any]]):
     def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
         """Copied and pickled by its values (immutable), with fresh caches."""
         state = {k: getattr(self, k) for k in self.__slots__ if k not in ("_sorted", "_views")}
+        state["_live"] = None if self.dead else self.source_set
         return _restored, (state,)
 
     def sizes(self) -> dict[str, int]:

@@ -410,11 +410,11 @@ def _flattened(policies: tuple[Policy, ...], backend: Backend) -> tuple[_Members
     Why: converting maps of every field read, and lists of k ids to count them, is most of
     a decision's cost (and all of it that grows with a rolling chain). The flat programs
     decide exactly as the originals do on the activation's mapping (tests/test_activation.py
-    checks it over random policies): each select is replaced by the identifier of the same
-    value, `size()` of a list by its size, `has()` of a field by `true` (an `Activation`
-    holds every field), and a list that is only the right operand of `in` keeps its items in
-    any order. A variable used whole (`size(region)`, `[region]`, a macro variable named
-    like it) is bound whole, as the mapping gives it, and not rewritten.
+    checks it over random policies): each select is replaced by an item of one list holding
+    the same value (`Binding`), `size()` of a list by its size, `has()` of a field by `true`
+    (an `Activation` holds every field), and a list that is only the right operand of `in`
+    keeps its items in any order. A variable used whole (`[region][0]`, a macro variable
+    named like it) is bound whole, as the mapping gives it, and not rewritten.
     """
     sources = [e.source for p in policies for e in _expressions(p)]
     read: dict[str, set[str] | None] = {}

@@ -180,6 +180,7 @@ class TestNothingMadeThatIsNotRead:
         act = build(ids, gone)
         decision = load_default(backend=backend).decide(act, phase="input")
         assert set(act._sorted) == ({"dead_sources"} if dead else set())
+        assert act._live is (None if dead else ids)  # nor the live ones told apart
         assert decision.effect == ("deny" if dead else "allow")
         assert decision.dead_sources == tuple(sorted(gone))
 
