@@ -143,7 +143,13 @@ def input_policies(backend: cel.Backend) -> PolicySet:
     return PolicySet(kept, policies.revision, policies.backend, policies.files)
 
 
-def make_activation(depth: int = 2, sources: int = 3, dead: int = 0) -> dict[str, Any]:
+def make_activation(
+    depth: int = 2,
+    sources: int = 3,
+    dead: int = 0,
+    lossless: bool = False,
+    trigger: str = "automatic",
+) -> schema.Activation:
     ids = [f"cfg-{i}" for i in range(sources)]
     region = Region(
         id=f"s:{depth}-{sources}-{dead}",
@@ -155,7 +161,7 @@ def make_activation(depth: int = 2, sources: int = 3, dead: int = 0) -> dict[str
     return schema.build(
         region,
         frozenset(ids[dead:]),
-        trigger="automatic",
+        trigger=trigger,
         budget_pressure=0.8,
         attempt=1,
         window_id="session-7",
@@ -163,7 +169,7 @@ def make_activation(depth: int = 2, sources: int = 3, dead: int = 0) -> dict[str
         window_budget=100_000,
         window_max_depth=depth,
         summarizer="conversation-summary",
-        lossless=False,
+        lossless=lossless,
         idempotent=False,
     )
 
@@ -185,8 +191,7 @@ def baseline(act: Mapping[str, Any]) -> tuple[str, str]:
 def check_baseline(policies: PolicySet) -> None:
     """The baseline is only a fair yardstick if it decides exactly like the policy."""
     for depth, n, dead, lossless in itertools.product((0, 1, 3), (0, 1, 3), (0, 1), (False, True)):
-        act = make_activation(depth, n, min(dead, n))
-        act["summarizer"]["lossless"] = lossless
+        act = make_activation(depth, n, min(dead, n), lossless)
         decision = policies.decide(act)
         expected = baseline(act)
         assert (decision.effect, decision.rule) == expected, (act, decision, expected)
@@ -269,7 +274,7 @@ def bench_engine(report: Report, backends: list[cel.Backend], repeat: int) -> di
         policy = policies.policies[0]
         condition, variable = policy.match_conditions[0], policy.variables[0]
         rules = [r.expression.program for r in policy.rules]
-        context = backend.context(allow)
+        context = backend.context(_plain(allow))
         bound = backend.bind(context, {variable.name: variable.program.evaluate(context)})
         whole = policies.programs[0]  # the policy as one program, where the backend binds
 
@@ -291,7 +296,7 @@ def bench_engine(report: Report, backends: list[cel.Backend], repeat: int) -> di
             backend: cel.Backend = backend,
         ) -> None:
             """What any engine pays per decision: a fresh activation, bound and evaluated."""
-            context = backend.context(make_activation(depth=2, sources=3, dead=0))
+            context = backend.context(_fresh_plain(depth=2, sources=3, dead=0))
             programs[0].evaluate(context)
             bound = backend.bind(context, {name: programs[1].evaluate(context)})
             for program in rules:
@@ -299,7 +304,7 @@ def bench_engine(report: Report, backends: list[cel.Backend], repeat: int) -> di
 
         def fair_whole(whole: Any = whole, backend: cel.Backend = backend) -> None:
             """The same with the policy compiled as one program (what `decide` runs first)."""
-            whole.evaluate(backend.context(make_activation(depth=2, sources=3, dead=0)))
+            whole.evaluate(backend.context(_fresh_plain(depth=2, sources=3, dead=0)))
 
         def build_and_decide(policies: PolicySet = policies) -> None:
             """Like for like with the fair raw rows: the activation is built in the timed call."""
@@ -357,8 +362,9 @@ def bench_engine(report: Report, backends: list[cel.Backend], repeat: int) -> di
         ["what", "median µs", "mean µs", "p99 µs", "vs fair raw (same backend)", "vs hand-written"],
         table,
         "Activation: a depth-2 summary resting on 3 sources. `decide` reads activations built "
-        "beforehand (a different one each call) and includes checking their values, converting "
-        "the fields the policies read for the backend, evaluating and building the `Decision`; "
+        "beforehand (a different one each call) and includes binding the values the policies "
+        "read (in the form they read them: sizes of lists, not the lists), evaluating and "
+        "building the `Decision`; "
         "the deny row also runs the policy's expressions one by one to name the rule and "
         "evaluates its messageExpression. The \"fair raw\" rows convert the whole activation, "
         "as any engine handed it would. Targets (issue 12): `decide` <= 15 µs on "
@@ -368,7 +374,30 @@ def bench_engine(report: Report, backends: list[cel.Backend], repeat: int) -> di
     return engine
 
 
-def _decide_next(policies: PolicySet, activations: Iterator[dict[str, Any]]) -> None:
+def _plain(activation: schema.Activation) -> dict[str, dict[str, Any]]:
+    """The activation as the plain data any engine is handed (every field, lists sorted)."""
+    return {name: activation.plain(name) for name in activation}
+
+
+def _fresh_plain(depth: int = 2, sources: int = 3, dead: int = 0) -> dict[str, dict[str, Any]]:
+    """`make_activation` made as plain data directly, as `schema.build` made it until issue 12's
+    `Activation` (sorted lists, then dicts): the fair raw rows' fresh activation, so that
+    yardstick costs what it did."""
+    ids = sorted(f"cfg-{i}" for i in range(sources))
+    live = frozenset(ids[dead:])
+    kinds = sorted({"config_read", "tool_output"} if sources else ())
+    return {
+        "region": {"id": f"s:{depth}-{sources}-{dead}", "kind": "summary" if depth else "original",
+                   "depth": depth, "sources": ids, "live_sources": [s for s in ids if s in live],
+                   "dead_sources": [s for s in ids if s not in live], "source_kinds": kinds,
+                   "tokens": 1000, "chars": 4000},
+        "request": {"trigger": "automatic", "budget_pressure": 0.8, "attempt": 1},
+        "window": {"id": "session-7", "tokens": 90_000, "budget": 100_000, "max_depth": depth},
+        "summarizer": {"name": "conversation-summary", "lossless": False, "idempotent": False},
+    }  # fmt: skip
+
+
+def _decide_next(policies: PolicySet, activations: Iterator[Mapping[str, Any]]) -> None:
     policies.decide(next(activations))
 
 
@@ -607,7 +636,7 @@ def _stubbed_call(backend: cel.Backend, window: str, stubbed: set[str]) -> Calla
     return call
 
 
-def _activation_of(region: Region, live: Any) -> dict[str, Any]:
+def _activation_of(region: Region, live: Any) -> schema.Activation:
     """The activation the guard builds for a decorated call with no request context."""
     return schema.build(
         region, live, trigger="automatic", budget_pressure=0.0, attempt=1, window_id="default",
@@ -1380,9 +1409,7 @@ def write_log(path: Path, entries: int) -> None:
     for depth, n, dead, lossless, trigger in itertools.product(
         (0, 1, 2, 4), (0, 1, 3, 12), (0, 1, 3), (False, True), ("automatic", "manual")
     ):
-        act = make_activation(depth, n, min(dead, n))
-        act["summarizer"]["lossless"] = lossless
-        act["request"]["trigger"] = trigger
+        act = make_activation(depth, n, min(dead, n), lossless, trigger)
         shapes.append((act, policies.decide(act)))
     with path.open("w", encoding="utf-8") as out:
         for _ in range(entries):

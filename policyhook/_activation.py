@@ -8,8 +8,10 @@ Activations are plain data (str, int, float, bool, lists): never region text.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+import operator
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from policyhook import _celcheck
@@ -95,6 +97,189 @@ OUTPUT_CEL_TYPES: Mapping[str, _celcheck.CelType] = {
 }
 
 
+#: The list fields of `region`: what `Activation` keeps as sets and sorts only when asked.
+LISTS = frozenset(("region", f.name) for f in SCHEMA["region"] if f.type == "list(string)")
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+class Activation(Mapping[str, Mapping[str, Any]]):
+    """One decision's activation as `build` makes it: what the guard decides on.
+
+    Why not a dict: at a rolling chain's k-th pass the region rests on k sources, and sorting
+    and listing them (k log k) costs more than the rest of the call. Here they stay the
+    region's sets, and the policy engine binds only what its compiled policies read, in the
+    form they read it (`Binding`): a policy reading `size(region.dead_sources)` gets an int.
+    Read as a mapping (listeners, telemetry, the decision log), it is the plain data it always
+    was, each variable a read-only dict made on first use, lists sorted. Every scalar is
+    checked once, here (`problem`); list items where they are bound (`Binding.bind`).
+    """
+
+    __slots__ = (
+        *(f"{variable}_{f.name}" for variable, fields in SCHEMA.items() for f in fields
+          if (variable, f.name) not in LISTS),
+        *(f"region_{name}_size" for _, name in sorted(LISTS)),
+        "dead", "_live", "source_set", "kind_set", "problem", "longest",
+        "_sorted", "_views",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        region: Region,
+        dead: frozenset[str],
+        tokens: Any,
+        trigger: Any,
+        budget_pressure: Any,
+        attempt: Any,
+        window_id: Any,
+        window_tokens: Any,
+        window_budget: Any,
+        window_max_depth: Any,
+        summarizer: Any,
+        lossless: Any,
+        idempotent: Any,
+    ) -> None:
+        sources = self.source_set = region.sources
+        self.kind_set = region.source_kinds
+        self.dead = dead
+        self._live: frozenset[str] | None = None if dead else sources
+        self.region_id = region.id
+        self.region_kind = region.kind
+        self.region_depth = region.depth
+        self.region_tokens = tokens
+        self.region_chars = region.chars
+        self.region_sources_size = len(sources)
+        self.region_live_sources_size = len(sources) - len(dead)
+        self.region_dead_sources_size = len(dead)
+        self.region_source_kinds_size = len(region.source_kinds)
+        self.request_trigger = trigger
+        self.request_budget_pressure = budget_pressure
+        self.request_attempt = attempt
+        self.window_id = window_id
+        self.window_tokens = window_tokens
+        self.window_budget = window_budget
+        self.window_max_depth = window_max_depth
+        self.summarizer_name = summarizer
+        self.summarizer_lossless = lossless
+        self.summarizer_idempotent = idempotent
+        self.longest = max(len(sources), len(region.source_kinds))
+        self._sorted: dict[str, list[str]] = {}
+        self._views: dict[str, Mapping[str, Any]] = {}
+        ints = (region.depth, tokens, region.chars, attempt, window_tokens, window_budget)
+        texts = (region.id, trigger, window_id, summarizer)
+        usual = (  # what the guard makes: checked in a few C calls, not field by field
+            {*map(type, ints), type(window_max_depth)} == _INT
+            and min(*ints, window_max_depth) >= INT64_MIN
+            and max(*ints, window_max_depth) <= INT64_MAX
+            and {*map(type, texts)} == _STR
+            and "".join(texts).isascii()
+            and type(budget_pressure) is float
+            and type(lossless) is bool
+            and type(idempotent) is bool
+        )
+        self.problem = None if usual else _scalar_problem(self)
+
+    # -- the list fields, made when read ---------------------------------------------------------
+
+    def _ordered(self, name: str, items: frozenset[str]) -> list[str]:
+        """`items` sorted, made once per activation (as `build` always made the lists)."""
+        made = self._sorted.get(name)
+        if made is None:
+            made = self._sorted[name] = sorted(items)
+        return made
+
+    @property
+    def live_set(self) -> frozenset[str]:
+        """The live sources, as a set (made when first read: a difference of k ids)."""
+        if self._live is None:
+            self._live = self.source_set - self.dead
+        return self._live
+
+    @property
+    def region_sources(self) -> list[str]:
+        return self._ordered("sources", self.source_set)
+
+    @property
+    def region_live_sources(self) -> list[str]:
+        return self._ordered("live_sources", self.live_set)
+
+    @property
+    def region_dead_sources(self) -> list[str]:
+        return self._ordered("dead_sources", self.dead)
+
+    @property
+    def region_source_kinds(self) -> list[str]:
+        return self._ordered("source_kinds", self.kind_set)
+
+    # for `x in region.F` only: the order cannot matter, so no sort
+    @property
+    def region_sources_in(self) -> list[str]:
+        return self._sorted.get("sources") or list(self.source_set)
+
+    @property
+    def region_live_sources_in(self) -> list[str]:
+        return self._sorted.get("live_sources") or list(self.live_set)
+
+    @property
+    def region_dead_sources_in(self) -> list[str]:
+        return self._sorted.get("dead_sources") or list(self.dead)
+
+    @property
+    def region_source_kinds_in(self) -> list[str]:
+        return self._sorted.get("source_kinds") or list(self.kind_set)
+
+    def dead_sources(self) -> tuple[str, ...]:
+        """The dead sources, sorted (what a `Decision` names)."""
+        return tuple(self.region_dead_sources) if self.dead else ()
+
+    # -- as a mapping ----------------------------------------------------------------------------
+
+    def __getitem__(self, variable: str) -> Mapping[str, Any]:
+        view = self._views.get(variable)
+        if view is None:
+            made = self.plain(variable)
+            for name, value in made.items():
+                if type(value) is list:
+                    made[name] = list(value)  # the reader's own copy
+            view = self._views[variable] = MappingProxyType(made)
+        return view
+
+    def plain(self, variable: str) -> dict[str, Any]:
+        """`variable`'s fields as a new dict (its lists are this activation's: not to be
+        changed), as a backend takes a variable read whole."""
+        fields = SCHEMA[variable]  # KeyError for a variable it does not have, as a dict
+        return {f.name: getattr(self, f"{variable}_{f.name}") for f in fields}
+
+    def __contains__(self, variable: object) -> bool:
+        return variable in SCHEMA
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(SCHEMA)
+
+    def __len__(self) -> int:
+        return len(SCHEMA)
+
+    def __repr__(self) -> str:
+        return f"Activation({dict((k, dict(v)) for k, v in self.items())!r})"
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        """Copied and pickled by its values (immutable), with fresh caches."""
+        state = {k: getattr(self, k) for k in self.__slots__ if k not in ("_sorted", "_views")}
+        state["_live"] = None if self.dead else self.source_set
+        return _restored, (state,)
+
+    def sizes(self) -> dict[str, int]:
+        """`{"region.sources": k, …}`: the list sizes the cost bounds are functions of."""
+        return {f"region.{name}": getattr(self, f"region_{name}_size") for _, name in LISTS}
+
+
+def _restored(state: Mapping[str, Any]) -> Activation:
+    activation = object.__new__(Activation)
+    for key, value in state.items():
+        setattr(activation, key, value)
+    activation._sorted, activation._views = {}, {}
+    return activation
+
+
 def build(
     region: Region,
     live: Collection[str],
@@ -110,41 +295,165 @@ def build(
     lossless: bool,
     idempotent: bool,
     tokens: int | None = None,
-) -> dict[str, dict[str, Any]]:
-    """The activation for one decision, as plain data."""
-    sources = sorted(region.sources)
+) -> Activation:
+    """The activation for one decision (see `Activation`). Values CEL cannot hold are not
+    raised here but kept as `problem`, so every policy fails through its failurePolicy."""
+    sources = region.sources
     if not live:
-        live_sources, dead_sources = [], list(sources)
-    elif isinstance(live, set | frozenset) and live >= region.sources:  # the usual: none gone
-        live_sources, dead_sources = list(sources), []
+        dead = sources
+    elif live is sources:  # a store that says "all of them" with the region's own set: O(1)
+        dead = frozenset()
+    elif isinstance(live, set | frozenset):
+        dead = sources - live  # one pass in C; nothing sorted or listed
     else:
-        live_sources = [s for s in sources if s in live]
-        dead_sources = [s for s in sources if s not in live]
-    return {
-        "region": {
-            "id": region.id,
-            "kind": region.kind,
-            "depth": region.depth,
-            "sources": sources,
-            "live_sources": live_sources,
-            "dead_sources": dead_sources,
-            "source_kinds": sorted(region.source_kinds),
-            "tokens": region.chars // 4 if tokens is None else tokens,
-            "chars": region.chars,
-        },
-        "request": {
-            "trigger": trigger,
-            "budget_pressure": float(budget_pressure),
-            "attempt": attempt,
-        },
-        "window": {
-            "id": window_id,
-            "tokens": window_tokens,
-            "budget": window_budget,
-            "max_depth": window_max_depth,
-        },
-        "summarizer": {"name": summarizer, "lossless": lossless, "idempotent": idempotent},
-    }
+        dead = sources.difference(live)
+    pressure = budget_pressure
+    if type(pressure) is not float and isinstance(pressure, int) and not isinstance(pressure, bool):
+        pressure = float(pressure)
+    return Activation(
+        region,
+        dead,
+        region.chars // 4 if tokens is None else tokens,
+        trigger,
+        pressure,
+        attempt,
+        window_id,
+        window_tokens,
+        window_budget,
+        window_max_depth,
+        summarizer,
+        lossless,
+        idempotent,
+    )
+
+
+_INT, _STR = {int}, {str}
+#: The scalar fields of `Activation`, with the Python type each must have.
+_SCALARS: tuple[tuple[str, str, type], ...] = tuple(
+    (variable, f.name, {"string": str, "int": int, "double": float, "bool": bool}[f.type])
+    for variable, fields in SCHEMA.items()
+    for f in fields
+    if (variable, f.name) not in LISTS
+)
+
+
+def _scalar_problem(activation: Activation) -> str | None:
+    """Why a scalar of `activation` cannot be evaluated (a wrong type, an int past int64, a
+    lone surrogate), named by its field; None when all can (the usual: one pass)."""
+    for variable, name, kind in _SCALARS:
+        value = getattr(activation, f"{variable}_{name}")
+        if type(value) is not kind:
+            return f"{variable}.{name} must be {kind.__name__}, got {value!r}"
+        problem = unrepresentable_value(value)
+        if problem is not None:
+            return f"{variable}.{name} {problem}"
+    return None
+
+
+def unrepresentable_value(value: Any) -> str | None:
+    """Why CEL cannot hold `value` (an int past int64, a string with a lone surrogate, a list
+    holding one), or None. Lists are named by the index of the first such item."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        if INT64_MIN <= value <= INT64_MAX:
+            return None
+        shown = str(value) if len(str(value)) <= 24 else f"about 10^{len(str(abs(value))) - 1}"
+        return f"is {shown}, outside CEL's int range (-2^63 .. 2^63-1)"
+    if isinstance(value, str):
+        return None if value.isascii() or _utf8(value) else "holds a lone surrogate"
+    if isinstance(value, list | tuple):
+        try:
+            joined = "\0".join(value)  # the common case, a list of ids: one pass in C
+        except TypeError:
+            joined = None
+        if joined is not None and (joined.isascii() or _utf8(joined)):
+            return None
+        for index, item in enumerate(value):
+            problem = unrepresentable_value(item)
+            if problem is not None:
+                return f"[{index}]{'' if problem.startswith('[') else ' '}{problem}"
+    return None
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What one phase's compiled policies read of an `Activation`, and in which form
+    (`_cel.flatten`); made once, with the policy set.
+
+    `bind` gives the data a backend converts: one list (`name`) of the plain values read, each
+    expression reading item i where it selected a field (`_cel.flatten`), beside any variable
+    read whole. A runtime converts one list of values for much less than as many variables
+    (cel-expr-python: 6 values in a list ~3,700 instructions, as 6 variables ~17,000), and far
+    less than the maps of every field with their k-long lists.
+    """
+
+    name: str  # the CEL identifier of the list of values
+    attributes: tuple[str, ...]  # the `Activation` attribute of each item
+    whole: tuple[str, ...] = ()  # variables bound whole, as the mapping gives them
+    _get: Any = field(init=False, repr=False, compare=False)
+    #: (index in `attributes`, field) of each list bound item by item: what `bind` checks.
+    _lists: tuple[tuple[int, str], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        getter = operator.attrgetter(*self.attributes) if len(self.attributes) > 1 else None
+        object.__setattr__(self, "_get", getter)
+        lists = tuple(
+            (index, name.removeprefix("region_").removesuffix("_in"))
+            for index, name in enumerate(self.attributes)
+            if name.startswith("region_")
+            and ("region", name.removeprefix("region_").removesuffix("_in")) in LISTS
+        )
+        object.__setattr__(self, "_lists", lists)
+
+    def bind(self, activation: Activation) -> tuple[str | None, dict[str, Any]]:
+        """The data for one decision, and why it cannot be evaluated (None when it can)."""
+        if self._get is not None:
+            values = list(self._get(activation))
+        else:
+            values = [getattr(activation, a) for a in self.attributes]  # 0 or 1
+        data: dict[str, Any] = {self.name: values}
+        for variable in self.whole:
+            data[variable] = activation.plain(variable)
+        problem = activation.problem
+        if problem is None:
+            for index, name in self._lists:  # items are checked where they are read
+                found = unrepresentable_value(values[index])
+                if found is not None:
+                    problem = f"region.{name}{'' if found.startswith('[') else ' '}{found}"
+                    break
+            for variable in self.whole if problem is None else ():
+                problem = _whole_problem(variable, data[variable])
+                if problem is not None:
+                    break
+        return problem, data
+
+
+def _whole_problem(variable: str, fields: Mapping[str, Any]) -> str | None:
+    for name, value in fields.items():
+        if type(value) is list and value:
+            found = unrepresentable_value(value)
+            if found is not None:
+                return f"{variable}.{name}{'' if found.startswith('[') else ' '}{found}"
+    return None
+
+
+def attribute(variable: str, field: str, use: str) -> str | None:
+    """The `Activation` attribute that holds `variable.field` as `use` reads it (`_cel.USES`),
+    or None when the activation has no such field."""
+    if field_type(variable, field) is None:
+        return None
+    if use == "value" or (variable, field) not in LISTS:
+        return f"{variable}_{field}"
+    return f"{variable}_{field}_{use}"
 
 
 _PY_TYPES: Mapping[str, tuple[type, ...]] = {

@@ -16,7 +16,7 @@ import math
 import operator
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -140,6 +140,127 @@ def fields_read(source: str) -> Mapping[str, frozenset[str] | None]:
         if node.data in ("ident", "dot_ident") and id(node) not in selected:
             read[str(node.children[0])] = None  # used whole
     return MappingProxyType({n: None if f is None else frozenset(f) for n, f in read.items()})
+
+
+#: How `flatten` found a select used: for its value, for its size only (`size(x)`,
+#: `x.size()`), or only as the right operand of `in` (where its order cannot matter).
+USES = ("value", "size", "in")
+#: Nodes of one child that only wrap an expression (each level of CEL's grammar).
+_WRAPPERS = frozenset(
+    [
+        "expr",
+        "conditionalor",
+        "conditionaland",
+        "relation",
+        "addition",
+        "multiplication",
+        "unary",
+        "member",
+    ]
+)
+
+
+def identifiers(source: str) -> frozenset[str]:
+    """Every identifier `source` names (variables, macro variables, fields, functions)."""
+    tree = parse(source)
+    found = tree.scan_values(lambda v: isinstance(v, lark.Token) and v.type == "IDENT")
+    return frozenset(str(token) for token in found)
+
+
+def flatten(
+    source: str,
+    roots: Collection[str],
+    lists: Collection[tuple[str, str]],
+    name: Callable[[str, str, str], str],
+) -> tuple[str, frozenset[tuple[str, str, str]]]:
+    """`source` with each `root.field` select (`root` in `roots`) replaced by the identifier
+    `name(root, field, use)`, and what it then reads: `(root, field, use)` for each.
+
+    Why: a runtime converts a map per variable and a list element by element on every call;
+    an identifier bound to a plain value costs neither. A select of a list field (`lists`)
+    inside `size(...)` or `.size()` becomes one identifier for the size, so k source ids need
+    not be converted to count them; one that is only the right operand of `in` may be bound
+    in any order. `has(root.field)` becomes `true`: the caller flattens only activations that
+    hold every field (`_activation.Activation`). Every other use of a select reads its value,
+    in the order the activation gives. The caller must flatten only roots that `fields_read`
+    finds used field by field (a root used whole is not rewritten here), and choose names no
+    identifier of the source already is (`identifiers`).
+    """
+    tree = parse(source)
+    parents: dict[int, lark.Tree[Any]] = {}
+    for node in tree.iter_subtrees():
+        for child in node.children:
+            if isinstance(child, lark.Tree):
+                parents[id(child)] = node
+    edits: list[tuple[int, int, str]] = []
+    reads: set[tuple[str, str, str]] = set()
+    for node in tree.iter_subtrees():
+        if node.data != "member_dot":
+            continue
+        target, field = node.children
+        primary = target.children[0] if isinstance(target, lark.Tree) else None
+        if not (isinstance(primary, lark.Tree) and primary.data == "primary"):
+            continue
+        root = primary.children[0]
+        if not (isinstance(root, lark.Tree) and root.data in ("ident", "dot_ident")):
+            continue
+        variable = str(root.children[0])
+        if variable not in roots:
+            continue
+        key = (variable, str(field))
+        top = node  # the outermost node that is this select alone
+        while (up := parents.get(id(top))) is not None and up.data in _WRAPPERS:
+            if len(up.children) != 1:
+                break
+            top = up
+        up = parents.get(id(top))
+        call = parents.get(id(up)) if up is not None and up.data == "exprlist" else None
+        span, use, text = node, "value", ""
+        if call is not None and call.data == "ident_arg" and len(up.children) == 1:  # type: ignore[union-attr]
+            function = str(call.children[0])
+            if function == "has":
+                span, text = call, "true"
+            elif function == "size" and key in lists:
+                span, use = call, "size"
+        elif (
+            up is not None
+            and up.data == "member_dot_arg"
+            and len(up.children) == 2
+            and str(up.children[1]) == "size"
+            and key in lists
+        ):
+            span, use = up, "size"
+        elif (
+            up is not None
+            and up.data == "relation"
+            and len(up.children) == 2
+            and up.children[1] is top
+            and isinstance(up.children[0], lark.Tree)
+            and up.children[0].data == "relation_in"
+            and key in lists
+        ):
+            use = "in"
+        if span.meta.empty:
+            raise CompileError(f"cannot flatten {source!r}: no position for {key}")
+        if not text:
+            text = name(variable, key[1], use)
+            reads.add((*key, use))
+        edits.append((span.meta.start_pos, span.meta.end_pos, text))
+    edited, end = [], len(source)
+    for start, stop, text in sorted(edits, reverse=True):
+        if stop > end:  # nested selects never overlap: a select's root is an identifier
+            raise CompileError(f"cannot flatten {source!r}: overlapping selects")
+        edited.append(source[stop:end])
+        edited.append(text)
+        end = start
+    edited.append(source[:end])
+    return "".join(reversed(edited)), frozenset(reads)
+
+
+def plain(value: Any) -> Any:
+    """`value` with a read-only mapping (an `Activation`'s variable) as the dict a runtime
+    converts; anything else as it is."""
+    return dict(value) if isinstance(value, MappingProxyType) else value
 
 
 def _depth(tree: lark.Tree[Any]) -> int:
@@ -267,7 +388,7 @@ class CelPythonBackend:
                 raise CompileError(f"cannot compile: {exc}") from None
 
     def context(self, activation: Mapping[str, Any]) -> Any:
-        return {name: celpy.adapter.json_to_cel(value) for name, value in activation.items()}
+        return {name: celpy.adapter.json_to_cel(plain(value)) for name, value in activation.items()}
 
     def bind(self, context: Any, variables: Mapping[str, Any]) -> Any:
         bound = {celtypes.StringType(k): v for k, v in variables.items()}

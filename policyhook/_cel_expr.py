@@ -30,7 +30,7 @@ from cel_expr_python.ext import ext_bindings
 
 from policyhook import _celcheck
 from policyhook._activation import OUTPUT_CEL_TYPES as CEL_TYPES  # incl. `summary` (output phase)
-from policyhook._cel import CompileError, EvaluationError, Program, parse
+from policyhook._cel import CompileError, EvaluationError, Program, parse, plain
 
 #: The activation's top-level variables, declared as maps (field access is checked at load time).
 VARIABLES = ("region", "request", "window", "summarizer", "summary", "variables")
@@ -110,7 +110,10 @@ class CelExprBackend:
 
     def context(self, activation: Mapping[str, Any]) -> Any:
         # the engine's cut of the activation is its own (`_policy._read`): no copy of it
-        data = activation if type(activation) is dict else dict(activation)
+        if type(activation) is dict:
+            data = activation
+        else:  # an `Activation` read whole, say: its variables as dicts
+            data = {name: plain(value) for name, value in activation.items()}
         return _Context(self._env, data)
 
     def bind(self, context: Any, variables: Mapping[str, Any]) -> Any:

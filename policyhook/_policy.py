@@ -10,13 +10,32 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Literal
 
 from policyhook import _celcheck
-from policyhook._cel import Backend, CompileError, EvaluationError, Program, fields_read
+from policyhook._activation import (
+    INT64_MAX,
+    INT64_MIN,
+    LISTS,
+    SCHEMA,
+    SUMMARY,
+    Activation,
+    Binding,
+    attribute,
+    unrepresentable_value,
+)
+from policyhook._cel import (
+    Backend,
+    CompileError,
+    EvaluationError,
+    Program,
+    fields_read,
+    flatten,
+    identifiers,
+)
 
 
 class Effect(StrEnum):
@@ -47,6 +66,17 @@ class FailurePolicy(StrEnum):
 #: expression was within the limits at that size when it was loaded, and its bounds only grow
 #: with the sizes, so there is nothing to check.
 Sizes = Mapping[str, int] | None
+
+#: Every list of every activation at 10^12 items: an expression within the limits there is
+#: within them at any size (its bounds only grow with the sizes).
+_HUGE: Mapping[str, int] = MappingProxyType(
+    {
+        f"{variable}.{f.name}": 10**12
+        for variable, fields in (*SCHEMA.items(), ("summary", SUMMARY))
+        for f in fields
+        if f.type.startswith("list")
+    }
+)
 
 MODES = tuple(Mode)
 FAILURE_POLICIES = tuple(FailurePolicy)
@@ -130,6 +160,13 @@ class Expression:
     program: Program
     name: str
     checked: _celcheck.Checked = field(default_factory=lambda: _celcheck.Checked(_celcheck.DYN))
+    #: Whether its worst case stays within the limits at any list size (`size(region.sources)`
+    #: costs the same at any k): then nothing is checked per decision. Made once, here.
+    unlimited: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        within = not self.checked.dynamic or _celcheck.over_limits(self.checked, _HUGE) is None
+        object.__setattr__(self, "unlimited", within)
 
     @property
     def bounded(self) -> bool:
@@ -138,7 +175,7 @@ class Expression:
 
     def over_limits(self, sizes: Sizes) -> str | None:
         """Why lists of these sizes make it too expensive to evaluate; None when they do not."""
-        if sizes is None or not self.checked.dynamic:
+        if sizes is None or self.unlimited:
             return None
         return _celcheck.over_limits(self.checked, sizes)
 
@@ -235,10 +272,9 @@ class PolicySet:
     reads: tuple[tuple[str, tuple[str, ...] | None], ...] = field(
         init=False, repr=False, compare=False
     )
-    #: The policies of each phase, with their whole programs, and what they read (`_reads`).
-    _phases: Mapping[str, tuple[tuple[tuple[Policy, Program | None], ...], _Reading]] = field(
-        init=False, repr=False, compare=False
-    )
+    #: The policies of each phase, with their whole programs, what they read (`_reads`), and
+    #: the same policies flattened for `Activation`s with what they bind (`_flattened`).
+    _phases: Mapping[str, _Phase] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         programs = tuple(whole_program(policy, self.backend) for policy in self.policies)
@@ -249,7 +285,12 @@ class PolicySet:
         for policy, program in zip(self.policies, programs, strict=True):
             members[policy.phase] = (*members.get(policy.phase, ()), (policy, program))
         phases = {
-            phase: (pairs, _reads(tuple(p for p, _ in pairs))) for phase, pairs in members.items()
+            phase: (
+                pairs,
+                _reads(tuple(p for p, _ in pairs)),
+                _flattened(tuple(p for p, _ in pairs), self.backend),
+            )
+            for phase, pairs in members.items()
         }
         object.__setattr__(self, "_phases", MappingProxyType(phases))  # never changed
 
@@ -268,12 +309,21 @@ class PolicySet:
         refusal, an error, an explanation asked for) `_evaluate` runs its expressions one by
         one, to say which rule refused and why.
         """
-        members, reading = self._phases.get(phase, _NO_PHASE)
-        unreadable, sizes = _inspect(activation)
+        members, reading, flat = self._phases.get(phase, _NO_PHASE)
         context = None
+        sizes: Sizes
+        if flat is not None and type(activation) is Activation:
+            members, binding = flat
+            unreadable, data = binding.bind(activation)
+            sizes = (
+                activation.sizes() if activation.longest > _celcheck.DECLARED_LIST_SIZE else None
+            )
+        else:
+            unreadable, sizes = _inspect(activation)
+            data = _read(activation, reading) if unreadable is None else {}
         if unreadable is None:
             try:
-                context = self.backend.context(_read(activation, reading))
+                context = self.backend.context(data)
             except Exception as exc:  # a value the backend cannot convert: decided, not raised
                 unreadable = f"the activation cannot be converted: {type(exc).__name__}: {exc}"
         violations: list[Violation] = []
@@ -290,13 +340,18 @@ class PolicySet:
                 )
             if explain:
                 explanation.append(report)
-        region = activation["region"]
         fields = _ALLOWED.copy()
         fields["decision_id"] = os.urandom(16).hex()
         fields["revision"] = self.revision
-        fields["region_id"] = str(region["id"])
-        fields["depth"] = int(region["depth"])
-        fields["dead_sources"] = tuple(region["dead_sources"])
+        if type(activation) is Activation:
+            fields["region_id"] = str(activation.region_id)
+            fields["depth"] = int(activation.region_depth)
+            fields["dead_sources"] = activation.dead_sources()
+        else:
+            region = activation["region"]
+            fields["region_id"] = str(region["id"])
+            fields["depth"] = int(region["depth"])
+            fields["dead_sources"] = tuple(region["dead_sources"])
         if errors:
             fields["errors"] = tuple(errors)
         if explanation:
@@ -339,7 +394,95 @@ def _reads(policies: tuple[Policy, ...]) -> tuple[tuple[str, tuple[str, ...] | N
 
 #: What one phase's policies read (`_reads` of them), as `_read` takes it.
 _Reading = tuple[tuple[str, tuple[str, ...] | None], ...]
-_NO_PHASE: tuple[tuple[tuple[Policy, Program | None], ...], _Reading] = ((), ())
+#: A phase's policies with their whole programs.
+_Members = tuple[tuple[Policy, Program | None], ...]
+#: A phase: its policies, what they read, and the same flattened (`_flattened`).
+_Phase = tuple[_Members, _Reading, tuple[_Members, Binding] | None]
+_NO_PHASE: _Phase = ((), (), None)
+
+
+def _flattened(policies: tuple[Policy, ...], backend: Backend) -> tuple[_Members, Binding] | None:
+    """`policies` compiled again over flat identifiers (`_cel.flatten`), for `Activation`s,
+    with the `Binding` that gives them their data; None when some expression reads what an
+    `Activation` lacks (`summary`), or a flattened program does not compile (then the
+    mapping's path decides, as for any activation).
+
+    Why: converting maps of every field read, and lists of k ids to count them, is most of
+    a decision's cost (and all of it that grows with a rolling chain). The flat programs
+    decide exactly as the originals do on the activation's mapping (tests/test_activation.py
+    checks it over random policies): each select is replaced by an item of one list holding
+    the same value (`Binding`), `size()` of a list by its size, `has()` of a field by `true`
+    (an `Activation` holds every field), and a list that is only the right operand of `in`
+    keeps its items in any order. A variable used whole (`[region][0]`, a macro variable
+    named like it) is bound whole, as the mapping gives it, and not rewritten.
+    """
+    sources = [e.source for p in policies for e in _expressions(p)]
+    read: dict[str, set[str] | None] = {}
+    for source in sources:
+        for name, fields in fields_read(source).items():
+            if fields is None or read.get(name, set()) is None:
+                read[name] = None
+            else:
+                read[name] = read.get(name, set()) | fields  # type: ignore[operator]
+    if any(name not in SCHEMA and name != "variables" and fields is not None
+           for name, fields in read.items()) or "summary" in read:  # fmt: skip
+        return None  # a variable of another phase (`summary`), read by field
+    roots = {
+        name
+        for name, fields in read.items()
+        if name in SCHEMA and fields is not None
+        and all(attribute(name, f, "value") is not None for f in fields)
+    }  # fmt: skip
+    whole = tuple(sorted(name for name in read if name in SCHEMA and name not in roots))
+    taken = frozenset().union(*(identifiers(source) for source in sources))
+    prefix = "_"
+    while any(i.startswith(prefix) for i in taken):
+        prefix += "_"
+    values = prefix + "v"
+    items: dict[str, int] = {}  # attribute -> its index in the list of values
+
+    def named(variable: str, field: str, use: str) -> str:
+        attr = attribute(variable, field, use)
+        assert attr is not None  # roots select declared fields only
+        return f"{values}[{items.setdefault(attr, len(items))}]"
+
+    def flat(expression: Expression) -> Expression:
+        source, _ = flatten(expression.source, roots, LISTS, named)
+        return Expression(source, backend.compile(source), expression.name, expression.checked)
+
+    def flat_or_none(expression: Expression | None) -> Expression | None:
+        return None if expression is None else flat(expression)
+
+    lean: list[tuple[Policy, Program | None]] = []
+    try:
+        for policy in policies:
+            rules = tuple(
+                replace(
+                    rule,
+                    expression=flat(rule.expression),
+                    message_expression=flat_or_none(rule.message_expression),
+                    remedy_expression=flat_or_none(rule.remedy_expression),
+                )
+                for rule in policy.rules
+            )
+            flattened = replace(
+                policy,
+                match_conditions=tuple(flat(e) for e in policy.match_conditions),
+                variables=tuple(flat(e) for e in policy.variables),
+                rules=rules,
+            )
+            lean.append((flattened, whole_program(flattened, backend)))
+    except CompileError:
+        return None
+    return tuple(lean), Binding(values, tuple(items), whole)
+
+
+def _expressions(policy: Policy) -> list[Expression]:
+    """Every expression of `policy`: what decides, and its rules' messages and remedies."""
+    found = [*policy.deciding]
+    for rule in policy.rules:
+        found += [e for e in (rule.message_expression, rule.remedy_expression) if e]
+    return found
 
 
 def _read(activation: Mapping[str, Any], reading: _Reading) -> dict[str, Any]:
@@ -364,9 +507,6 @@ def _read(activation: Mapping[str, Any], reading: _Reading) -> dict[str, Any]:
 
 
 _ABSENT: Any = object()
-
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 def _allows(
@@ -397,7 +537,7 @@ def unrepresentable(activation: Mapping[str, Any]) -> str | None:
         if not isinstance(fields, Mapping):
             continue
         for key, value in fields.items():
-            problem = _problem(value)
+            problem = unrepresentable_value(value)
             if problem is not None:
                 return f"{name}.{key}{'' if problem.startswith('[') else ' '}{problem}"
     return None
@@ -442,38 +582,6 @@ def _ascii(texts: list[Any]) -> bool:
         return "".join(texts).isascii()
     except TypeError:  # not all strings
         return False
-
-
-def _problem(value: Any) -> str | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        if INT64_MIN <= value <= INT64_MAX:
-            return None
-        shown = str(value) if len(str(value)) <= 24 else f"about 10^{len(str(abs(value))) - 1}"
-        return f"is {shown}, outside CEL's int range (-2^63 .. 2^63-1)"
-    if isinstance(value, str):
-        return None if value.isascii() or _utf8(value) else "holds a lone surrogate"
-    if isinstance(value, list | tuple):
-        try:
-            joined = "\0".join(value)  # the common case, a list of ids: one pass in C
-        except TypeError:
-            joined = None
-        if joined is not None and (joined.isascii() or _utf8(joined)):
-            return None
-        for index, item in enumerate(value):
-            problem = _problem(item)
-            if problem is not None:
-                return f"[{index}]{'' if problem.startswith('[') else ' '}{problem}"
-    return None
-
-
-def _utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _unreadable(

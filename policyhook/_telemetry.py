@@ -34,6 +34,7 @@ from opentelemetry.trace import (
 )
 
 from policyhook import _env
+from policyhook._activation import Activation
 from policyhook._errors import UnsafeRecompactionError
 from policyhook._policy import Decision, Effect, Mode
 
@@ -394,7 +395,8 @@ class Telemetry:
     ) -> None:
         if not span.is_recording():
             return
-        region, request = activation["region"], activation["request"]
+        request = activation["request"]
+        kind, depth, sources, live, dead = _region(activation)
         span.set_attributes(
             {
                 "policyhook.decision": decision.effect,
@@ -404,11 +406,11 @@ class Telemetry:
                 "policyhook.rule": decision.rule,
                 "policyhook.trigger": request["trigger"],
                 "policyhook.summarizer": activation["summarizer"]["name"],
-                "policyhook.region.kind": region["kind"],
-                "policyhook.region.depth": region["depth"],
-                "policyhook.region.sources": len(region["sources"]),
-                "policyhook.region.live_sources": len(region["live_sources"]),
-                "policyhook.region.dead_sources": len(region["dead_sources"]),
+                "policyhook.region.kind": kind,
+                "policyhook.region.depth": depth,
+                "policyhook.region.sources": sources,
+                "policyhook.region.live_sources": live,
+                "policyhook.region.dead_sources": dead,
                 "policyhook.policy.revision": decision.revision,
                 "policyhook.window.id": activation["window"]["id"],
             }
@@ -421,7 +423,8 @@ class Telemetry:
     def _counted(self, decision: Decision, activation: Mapping[str, Any], seconds: float) -> None:
         if not self._metering():
             return
-        region, summarizer = activation["region"], activation["summarizer"]["name"]
+        kind, depth, _, _, dead = _region(activation)
+        summarizer = activation["summarizer"]["name"]
         effect, mode = str(decision.effect), str(decision.mode)
         self.decisions.add(
             1,
@@ -433,14 +436,14 @@ class Telemetry:
                 mode,
                 activation["request"]["trigger"],
                 summarizer,
-                region["kind"],
-                "true" if region["dead_sources"] else "false",
+                kind,
+                "true" if dead else "false",
             ),
         )
         self.duration.record(
             seconds, self._attributes_of(DECISION_DURATION, effect, mode, summarizer)
         )
-        self.depth.record(region["depth"], self._attributes_of(REGION_DEPTH, effect, summarizer))
+        self.depth.record(depth, self._attributes_of(REGION_DEPTH, effect, summarizer))
         for error in decision.errors:
             # What failurePolicy did to the call: refused it, would have (audit/warn), let it pass.
             outcome = Effect.ALLOW
@@ -576,3 +579,24 @@ class Telemetry:
                     self._error(span, error, record=True)
         except Exception:
             _failed("record a remedy on its span")
+
+
+def _region(activation: Mapping[str, Any]) -> tuple[Any, Any, int, int, int]:
+    """The region's kind, depth and source, live and dead counts: read off an `Activation`
+    without making its k-long lists (a rolling chain's span costs the same at any k)."""
+    if type(activation) is Activation:
+        return (
+            activation.region_kind,
+            activation.region_depth,
+            activation.region_sources_size,
+            activation.region_live_sources_size,
+            activation.region_dead_sources_size,
+        )
+    region = activation["region"]
+    return (
+        region["kind"],
+        region["depth"],
+        len(region["sources"]),
+        len(region["live_sources"]),
+        len(region["dead_sources"]),
+    )

@@ -60,7 +60,7 @@ def activation(
     idempotent: bool = False,
     trigger: str = "automatic",
     pressure: float = 0.5,
-) -> dict[str, dict[str, Any]]:
+) -> schema.Activation:
     region = Region(
         id=f"r-{depth}-{len(sources)}",
         depth=depth,
@@ -254,7 +254,7 @@ class TestErrors:
     @pytest.mark.parametrize("expression", list(ERRORS.values()), ids=list(ERRORS))
     def test_program_raises_evaluation_error(self, backend: cel.Backend, expression: str) -> None:
         """Errors are raised as EvaluationError, never returned as a (truthy) value."""
-        context = backend.context(activation(depth=2))
+        context = backend.context({k: dict(v) for k, v in activation(depth=2).items()})
         program = backend.compile(expression)
         try:
             result = backend.to_python(program.evaluate(context))
@@ -445,7 +445,7 @@ class TestKnownDifferences:
         self, slow: cel.Backend, fast: cel.Backend, expression: str
     ) -> None:
         """cel-python raises EvaluationError where cel-expr-python gives a bool."""
-        act = activation(depth=1)
+        act = {k: dict(v) for k, v in activation(depth=1).items()}
         with pytest.raises(cel.EvaluationError):
             slow.compile(expression).evaluate(slow.context(act))
         result = fast.to_python(fast.compile(expression).evaluate(fast.context(act)))
@@ -525,7 +525,7 @@ class TestThreads:
         assert failures == []
 
 
-def many(n: int, dead_every: int = 0) -> dict[str, dict[str, Any]]:
+def many(n: int, dead_every: int = 0) -> schema.Activation:
     """An activation over `n` sources, every `dead_every`-th of them dead (none when 0)."""
     sources = tuple(f"src-{i:05d}" for i in range(n))
     dead = sources[::dead_every] if dead_every else ()
@@ -619,7 +619,7 @@ class TestUnrepresentableValues:
     ) -> None:
         """Past-int64 numbers and lone surrogates give a decision through failurePolicy, never a raise."""
         text = policy(rule("region.depth >= 0"), failure=failure)
-        act = activation(depth=2)
+        act = {name: dict(fields) for name, fields in activation(depth=2).items()}  # as read
         act[variable][field] = value
         first, _ = assert_same(compile_both(text, slow, fast), act)
         assert (first.rule, first.errors[0].rule) == ("activation", "activation") or (

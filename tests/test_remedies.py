@@ -7,7 +7,7 @@ import dataclasses
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -170,7 +170,7 @@ spec:
 """
 
 
-def activation(live: int, dead: int, trigger: str = "automatic") -> dict[str, Any]:
+def activation(live: int, dead: int, trigger: str = "automatic") -> Mapping[str, Any]:
     return policyhook._activation.build(
         Region("r", depth=1, sources=frozenset(f"s{i}" for i in range(live + dead))),
         frozenset(f"s{i}" for i in range(live)),
