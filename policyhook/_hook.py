@@ -864,11 +864,15 @@ class Guard:
         if not policies.checks_output:
             return output
         texts = _texts(output)
-        live = set(call._activation["region"]["live_sources"])
-        # what the input rests on: only these may state a fact, not whatever else the
+        made = call._activation
+        if isinstance(made, schema.Activation):  # the sets themselves: nothing sorted
+            live, scope = set(made.live_set), set(made.source_set)
+        else:
+            live, scope = set(made["region"]["live_sources"]), set(made["region"]["sources"])
+        # scope, what the input rests on: only these may state a fact, not whatever else the
         # process-wide index holds from other calls (that would make an invented number
-        # unverifiable instead of ungrounded, and a finding depend on the cache)
-        scope = set(call._activation["region"]["sources"])  # live sources are among them
+        # unverifiable instead of ungrounded, and a finding depend on the cache); the live
+        # sources are among them
         try:  # per-fact provenance of the input's summaries, recorded by any process
             recorded = self.store.facts(call._resolution.summaries)
             carried = grounding.carried(r for facts in recorded.values() for r in facts)
