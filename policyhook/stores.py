@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from policyhook import _fork
-from policyhook._errors import StoreUnavailableError
+from policyhook._errors import SourceIdConflictError, StoreUnavailableError
 from policyhook._provenance import (
+    UNREGISTERED,
     Entry,
     FactRecord,
     Region,
@@ -44,6 +45,18 @@ __all__ = ["MemoryStore", "SQLiteStore", "State", "Store", "open_store"]
 _VIEW_PARTS = frozenset({"since", "lookup", "rests_on", "live", "window_depth"})
 
 
+def _names_only(source: Source, text_digest: str) -> bool:
+    """Whether `source.id` can only ever name the text of `text_digest`, whatever was forgotten:
+    an id made by `text_id(prefix, text)` with the store's secret ends with the text's keyed
+    digest (derived ids, `guard.text_id`, the adapters' ids, offload refs), and the ids the
+    ledger gives unrecognised content (`window:` + a keyed hash of where it was found) are one
+    text's each by construction."""
+    if source.id.endswith(":" + text_digest[:16]):
+        return True
+    head, _, tail = source.id.partition(":")
+    return source.kind == UNREGISTERED and head == UNREGISTERED and len(tail) == 16
+
+
 class MemoryStore:
     """A process-local store: for tests, demos and runtimes that keep originals in memory.
 
@@ -53,7 +66,13 @@ class MemoryStore:
     `max_tombstones` (default: `max_sources`) are kept, the oldest forgotten with its source's
     entry: its id is then unknown (still dead) and its text new evidence. Summaries' entries (a
     few hundred bytes each, no text) are never forgotten: a forgotten summary would come back as
-    original evidence, a wrong allow. See docs/stores.md.
+    original evidence, a wrong allow.
+
+    A source id names one text: another text under an id held or tombstoned is refused
+    (`SourceIdConflictError`). A forgotten tombstone's id is still remembered with its text's
+    digest, for at most `max_ids` ids (default: 16 x `max_tombstones`, at least 4,096; ~200
+    bytes each). Past that, an id the store does not know may be one it forgot, so only ids that
+    name their text by construction are taken (`_names_only`): fail closed. See docs/stores.md.
     """
 
     #: Whether a subclass overrides a read `view` is made of (then `view` makes those calls).
@@ -65,6 +84,7 @@ class MemoryStore:
         max_sources: int | None = None,
         ttl: float | None = None,
         max_tombstones: int | None = None,
+        max_ids: int | None = None,
     ) -> None:
         if max_sources is not None and max_sources < 1:
             raise ValueError(f'"max_sources" must be >= 1: {max_sources}')
@@ -72,14 +92,24 @@ class MemoryStore:
             raise ValueError(f'"ttl" must be > 0 seconds: {ttl}')
         if max_tombstones is not None and max_tombstones < 0:
             raise ValueError(f'"max_tombstones" must be >= 0: {max_tombstones}')
+        if max_ids is not None and max_ids < 0:
+            raise ValueError(f'"max_ids" must be >= 0: {max_ids}')
         self.max_sources = max_sources
         self.ttl = ttl
         self.max_tombstones = max_sources if max_tombstones is None else max_tombstones
+        if max_ids is None and self.max_tombstones is not None:
+            max_ids = max(4_096, 16 * self.max_tombstones)
+        self.max_ids = max_ids
         self._secret = os.urandom(32)
         self._lock = threading.Lock()
         self._held: OrderedDict[str, tuple[Source, str, float]] = OrderedDict()  # id -> expiry
         self._dead: OrderedDict[str, State] = OrderedDict()  # the tombstones, oldest first
         self._of_source: dict[str, set[str]] = {}  # source id -> digests of its entries
+        # source id -> digest of the one text it names: every id held or tombstoned (`_named`),
+        # then the ids of forgotten tombstones, oldest first (`_retired`, at most `max_ids`)
+        self._named: dict[str, str] = {}
+        self._retired: OrderedDict[str, str] = OrderedDict()
+        self._forgotten = 0  # ids dropped from `_retired`: past it, unknown ids may be reused
         self._entries: dict[str, Entry] = {}  # digest -> entry
         self._by_id: dict[str, Entry] = {}  # summary id -> entry
         self._by_anchor: dict[str, list[str]] = {}  # anchor -> digests
@@ -123,6 +153,10 @@ class MemoryStore:
         self._dead.move_to_end(source_id)
         while self.max_tombstones is not None and len(self._dead) > self.max_tombstones:
             forgotten, _ = self._dead.popitem(last=False)
+            self._retired[forgotten] = self._named.pop(forgotten)
+            if self.max_ids is not None and len(self._retired) > self.max_ids:
+                self._retired.popitem(last=False)
+                self._forgotten += 1
             for d in self._of_source.pop(forgotten, ()):
                 entry = self._entries.get(d)
                 if entry is None or entry.depth > 0 or entry.id != forgotten:
@@ -147,6 +181,27 @@ class MemoryStore:
         entry = Entry.of_source(self._secret, source, text)
         with self._lock:
             now = time.monotonic()
+            self._expire(now)
+            named = self._named.get(source.id)
+            if named is None:
+                named = self._retired.get(source.id)
+                state = "forgotten: its tombstone was dropped past max_tombstones"
+            else:
+                state = "live" if source.id in self._held else self._dead[source.id]
+            if named is None and self._forgotten and not _names_only(source, entry.digest):
+                raise SourceIdConflictError(
+                    source.id,
+                    f"is not known to this MemoryStore, which has forgotten {self._forgotten:,} "
+                    f"ids it held (past max_ids={self.max_ids:,}) and cannot tell whether it "
+                    "was one of them",
+                    "leave source_id out so one is derived from the text, or use "
+                    "guard.text_id(prefix, text); or raise max_ids, or use a store that keeps "
+                    "every id (SQLiteStore, PostgresStore, RedisStore)",
+                )
+            if named is not None and named != entry.digest:
+                raise SourceIdConflictError.taken(source.id, state)
+            self._retired.pop(source.id, None)
+            self._named[source.id] = entry.digest
             self._held.pop(source.id, None)
             self._held[source.id] = (source, text, now + self.ttl if self.ttl else float("inf"))
             self._dead.pop(source.id, None)
@@ -379,8 +434,9 @@ def _closure(summary_id: str, get: Callable[[str], Entry | None]) -> set[str]:
     return sources
 
 
-#: 1: summaries copying their source lists; 2: normalised entries; 3: per-fact provenance.
-_SCHEMA_VERSION = 3
+#: 1: summaries copying their source lists; 2: normalised entries; 3: per-fact provenance;
+#: 4: the digest of the text each source id names (`sources.digest`).
+_SCHEMA_VERSION = 4
 _FOREVER = float("inf")
 #: Cached liveness entries before the cache is dropped (and filled again from the next reads):
 #: about 160 bytes an id (its sets' share and the id), so a long loop of new sources stays
@@ -388,10 +444,11 @@ _FOREVER = float("inf")
 _CACHE_MAX = 65_536
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
--- A source's text is NULL once evicted (the row is its tombstone), expires is a unix time.
+-- A source's text is NULL once evicted (the row is its tombstone), expires is a unix time,
+-- digest is the keyed digest of the one text the id names (NULL: not known, see `_name_sources`).
 CREATE TABLE IF NOT EXISTS sources (
     id TEXT PRIMARY KEY, kind TEXT NOT NULL, text TEXT, expires REAL,
-    state TEXT NOT NULL DEFAULT 'live'
+    state TEXT NOT NULL DEFAULT 'live', digest TEXT
 );
 -- One row per text known, normalised: parents and direct sources only, so size is linear.
 CREATE TABLE IF NOT EXISTS entries (
@@ -515,6 +572,8 @@ class SQLiteStore:
                 )
                 if legacy:
                     self._migrate()
+                if not self._has_column("sources", "digest"):
+                    self._name_sources()
                 self._db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
                 self._db.execute("COMMIT")
             except BaseException:
@@ -561,6 +620,32 @@ class SQLiteStore:
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
         ).fetchone()
         return row is not None
+
+    def _has_column(self, table: str, column: str) -> bool:
+        return any(r[1] == column for r in self._db.execute(f"PRAGMA table_info({table})"))
+
+    def _name_sources(self) -> None:
+        """Schema 2 or 3 to 4: the digest of the text each source id names. A held text gives
+        its own; a tombstone, the one text the entries know under its id, if there is exactly
+        one. Otherwise the id stays unidentified (NULL): no text can be registered under it
+        again, since none can be shown to be the one its summaries were made from."""
+        self._db.execute("ALTER TABLE sources ADD COLUMN digest TEXT")
+        at = 0
+        while rows := self._db.execute(
+            "SELECT rowid, text FROM sources WHERE rowid > ? AND text IS NOT NULL "
+            "ORDER BY rowid LIMIT 4096",
+            (at,),
+        ).fetchall():
+            at = rows[-1][0]
+            self._db.executemany(
+                "UPDATE sources SET digest = ? WHERE rowid = ?",
+                [(digest(self._secret, encode(_text(t))), r) for r, t in rows],
+            )
+        self._db.execute(
+            "UPDATE sources SET digest = (SELECT CASE WHEN count(DISTINCT e.digest) = 1 "
+            "THEN max(e.digest) END FROM entries AS e WHERE e.id = sources.id) "
+            "WHERE text IS NULL"
+        )
 
     def _migrate(self) -> None:
         """Schema 1 (summaries copying their full source lists) to normalised entries."""
@@ -627,14 +712,30 @@ class SQLiteStore:
         self._head = max(self._head, cursor.lastrowid or 0)
 
     def _put_source(self, source: Source, text: str) -> None:
+        """Hold `text` under `source.id` (inside a write transaction, so the check that the id
+        names no other text and the write are one step for every process)."""
+        entry = Entry.of_source(self._secret, source, text)
+        row = self._db.execute(
+            "SELECT digest, CASE WHEN state = 'live' AND expires <= ? THEN 'expired' "
+            "ELSE state END FROM sources WHERE id = ?",
+            (time.time(), source.id),
+        ).fetchone()
+        if row is not None and row[0] is None:
+            raise SourceIdConflictError(
+                source.id,
+                f"is a tombstone ({row[1]}) whose text this store cannot identify (recorded "
+                "before source ids named one text, under more than one text or none kept)",
+            )
+        if row is not None and row[0] != entry.digest:
+            raise SourceIdConflictError.taken(source.id, row[1])
         expires = time.time() + self.ttl if self.ttl else None
         self._expiry.set(source.id, _FOREVER if expires is None else expires)
         self._db.execute(
-            "INSERT OR REPLACE INTO sources (id, kind, text, expires, state) "
-            "VALUES (?, ?, ?, ?, 'live')",
-            (source.id, source.kind, _sql_text(text), expires),
+            "INSERT OR REPLACE INTO sources (id, kind, text, expires, state, digest) "
+            "VALUES (?, ?, ?, ?, 'live', ?)",
+            (source.id, source.kind, _sql_text(text), expires, entry.digest),
         )
-        self._put_entry(Entry.of_source(self._secret, source, text), None)
+        self._put_entry(entry, None)
 
     def put_source(self, source: Source, text: str) -> None:
         with self._lock:
