@@ -250,3 +250,29 @@ class TestReRegistration:
             assert found.region.depth == 1
             dead = found.region.sources - store.live(found.region.sources)
             assert any(s.startswith("unheld:") for s in dead)
+
+
+class TestIdsTheLibraryChooses:
+    """The ids policyhook itself registers texts under never name two texts in normal use."""
+
+    def test_offloading_the_same_window_twice_with_other_pins(self) -> None:
+        """A window offloaded again after one more source died gets the same archive ref but a
+        pointer pinning fewer facts: the pointer's id names its own text, so the second
+        offload is not refused (it was `<ref>#pointer` for every pointer of that ref)."""
+        from policyhook import remedies
+
+        guard = Guard()
+        summarize = guard(
+            lambda texts: "Summary: deploy retried, from config.", summarizer="s", remedy=True
+        )
+        config = "config/agent.yaml: retry_ceiling: 7  # max retries for flaky tool calls"
+        turn = "user: also make sure the notification goes to #ops, ticket OPS-4821"
+        guard.record_source(config, kind="config_read", source_id="cfg-42")
+        guard.record_source(turn, kind="user_turn", source_id="turn-1")
+        s1 = summarize([config, turn])
+        guard.store.evict("cfg-42")
+        first = summarize([s1, "user: status?"])
+        guard.store.evict("turn-1")
+        second = summarize([s1, "user: status?"])
+        assert remedies.pointers(first) == remedies.pointers(second)  # the same archive
+        assert first != second and "OPS-4821 [" in first and "OPS-4821 [" not in second
