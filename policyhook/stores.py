@@ -15,6 +15,7 @@ import os
 import sqlite3
 import threading
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import replace
@@ -112,15 +113,20 @@ class MemoryStore:
         self._forgotten = 0  # ids dropped from `_retired`: past it, unknown ids may be reused
         self._entries: dict[str, Entry] = {}  # digest -> entry
         self._by_id: dict[str, Entry] = {}  # summary id -> entry
-        self._by_anchor: dict[str, list[str]] = {}  # anchor -> digests
+        # anchor -> the digest of the one text starting with it, or of each (a list, rare):
+        # a list per text would cost ~90 bytes each, and almost every anchor has one text
+        self._by_anchor: dict[str, str | list[str]] = {}
         self._texts: OrderedDict[str, str] = OrderedDict()  # summary digest -> text, bounded
         # summary id -> fact -> ids of the sources stating it; bounded with the summary texts
         self._facts: OrderedDict[str, dict[str, set[str]]] = OrderedDict()
-        # For `since`: each entry's last write (digest -> seq) and the writes in order; a write
-        # superseded by a later one of the same text is skipped, and dropped when they pile up.
+        # For `since`: each entry's last write (digest -> seq) and the writes in order, as two
+        # parallel columns (seqs unboxed: 16 bytes a write, not a 56-byte tuple and a slot); a
+        # write superseded by a later one of the same text, or forgotten, is blanked (""),
+        # skipped, and dropped when they pile up.
         self._seq = 0
         self._order: dict[str, int] = {}
-        self._log: list[tuple[int, str]] = []
+        self._log_seqs = array("q")
+        self._log_digests: list[str] = []
         self._depths: dict[str, int] = {}
         _fork.register(self, MemoryStore._after_fork)
 
@@ -137,15 +143,26 @@ class MemoryStore:
     def _index(self, entry: Entry) -> None:
         previous = self._entries.get(entry.digest)
         if previous is None and entry.anchor is not None:
-            self._by_anchor.setdefault(entry.anchor, []).append(entry.digest)
+            listed = self._by_anchor.get(entry.anchor)
+            if listed is None:
+                self._by_anchor[entry.anchor] = entry.digest
+            elif isinstance(listed, str):
+                self._by_anchor[entry.anchor] = [listed, entry.digest]
+            else:
+                listed.append(entry.digest)
         self._entries[entry.digest] = entry
         if entry.depth == 0:
             self._of_source.setdefault(entry.id, set()).add(entry.digest)
         self._seq += 1
+        self._unlog(self._order.get(entry.digest))
         self._order[entry.digest] = self._seq
-        self._log.append((self._seq, entry.digest))
-        if len(self._log) > 2 * len(self._order) + 1024:
-            self._log = [(s, d) for s, d in self._log if self._order.get(d) == s]
+        self._log_seqs.append(self._seq)
+        self._log_digests.append(entry.digest)
+        if len(self._log_digests) > 2 * len(self._order) + 1024:
+            order, seqs = self._order, self._log_seqs
+            keep = [i for i, d in enumerate(self._log_digests) if order.get(d) == seqs[i]]
+            self._log_seqs = array("q", [seqs[i] for i in keep])
+            self._log_digests = [self._log_digests[i] for i in keep]
 
     def _bury(self, source_id: str, state: State) -> None:
         """Leave a tombstone; past `max_tombstones`, forget the oldest with its entries."""
@@ -162,12 +179,29 @@ class MemoryStore:
                 if entry is None or entry.depth > 0 or entry.id != forgotten:
                     continue  # a summary now, or the same text put under a live id
                 del self._entries[d]
-                self._order.pop(d, None)
-                listed = self._by_anchor.get(entry.anchor or "")
-                if listed is not None and d in listed:
-                    listed.remove(d)
-                    if not listed:
-                        del self._by_anchor[entry.anchor or ""]
+                self._unlog(self._order.pop(d, None))
+                if entry.anchor is not None:
+                    self._unanchor(entry.anchor, d)
+
+    def _unlog(self, seq: int | None) -> None:
+        """Mark the write `seq` superseded (its text written again, or forgotten): `since`
+        skips it, and it no longer keeps the digest alive until the log is compacted."""
+        if seq is not None:
+            self._log_digests[bisect.bisect_left(self._log_seqs, seq)] = ""
+
+    def _unanchor(self, anchor: str, text_digest: str) -> None:
+        listed = self._by_anchor.get(anchor)
+        if listed == text_digest:
+            del self._by_anchor[anchor]
+        elif isinstance(listed, list) and text_digest in listed:
+            listed.remove(text_digest)
+            if len(listed) == 1:
+                self._by_anchor[anchor] = listed[0]
+
+    def _anchored(self, anchor: str) -> Sequence[str]:
+        """The digests of the texts starting with `anchor`."""
+        listed = self._by_anchor.get(anchor, ())
+        return (listed,) if isinstance(listed, str) else listed
 
     def _expire(self, now: float) -> None:
         while self._held:
@@ -287,7 +321,7 @@ class MemoryStore:
 
     def by_anchor(self, anchors: Collection[str]) -> list[Entry]:
         with self._lock:
-            return [self._entries[d] for a in anchors for d in self._by_anchor.get(a, ())]
+            return [self._entries[d] for a in anchors for d in self._anchored(a)]
 
     def rests_on(self, summary_ids: Collection[str]) -> dict[str, frozenset[str]]:
         with self._lock:
@@ -303,11 +337,11 @@ class MemoryStore:
 
     def _since(self, cursor: int, limit: int) -> tuple[int, list[tuple[Entry, str | None]]]:
         self._expire(time.monotonic())
-        log = self._log
-        at = bisect.bisect_right(log, (cursor, "~"))  # the first write after cursor
+        seqs, digests = self._log_seqs, self._log_digests
+        at = bisect.bisect_right(seqs, cursor)  # the first write after cursor
         out: list[tuple[Entry, str | None]] = []
-        while at < len(log) and len(out) < limit:
-            cursor, d = log[at]
+        while at < len(seqs) and len(out) < limit:
+            cursor, d = seqs[at], digests[at]
             at += 1
             if self._order.get(d) != cursor:
                 continue  # written again later, or forgotten

@@ -140,8 +140,8 @@ class TestMemoryStoreBounds:
         }
         assert len(store._entries) == len(store._order) <= 50 + 50 + len(made) + 1
         assert len(store._of_source) <= 50 + 50 + 1
-        assert len(store._log) <= 2 * len(store._order) + 1024
-        assert sum(map(len, store._by_anchor.values())) <= len(store._entries)
+        assert len(store._log_seqs) == len(store._log_digests) <= 2 * len(store._order) + 1024
+        assert sum(len(store._anchored(a)) for a in store._by_anchor) <= len(store._entries)
         found = store.lookup([e.digest for e in made])
         assert len(found) == len(made) and all(e.depth == 1 for e in found.values())
         _, every = store.since(0, 100_000)
