@@ -443,12 +443,15 @@ class Ledger:
         try:
             self.store.put_source(source, text)  # stores keep a summary's entry over its text
         except SourceIdConflictError:
-            # Another process took the id between the check and the write: the text's record
-            # rests on it, and it holds another text. Make the record rest on a source no store
-            # holds too (provenance only grows), so it is never counted derivable (fail closed).
-            unheld = f"unheld:{carried.digest[:16]}"
-            entry = replace(entry, sources=tuple(sorted({*entry.sources, unheld})))
-            entry = self._put_summary(entry, text)
+            # Another process took the id between the check and the write. A quoting text's
+            # record (its own id) counts on that id for the text around the summaries it
+            # quotes, and the id holds another text: make the record rest on a source no store
+            # holds too (provenance only grows), so it is never counted derivable (fail
+            # closed). A summary's own record only gained an id it does not need.
+            if entry.id == source.id:
+                unheld = f"unheld:{carried.digest[:16]}"
+                entry = replace(entry, sources=tuple(sorted({*entry.sources, unheld})))
+                entry = self._put_summary(entry, text)
             raise
         finally:
             with self._lock:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import string
 import tempfile
-import threading
 from pathlib import Path
 
 import pytest
@@ -226,7 +225,9 @@ class TestReRegistration:
     ) -> None:
         """Another process takes the id between the ledger's check and its write: the quoting
         text's record, already written, is made to rest on a source no store holds, so a
-        summary of it is never allowed (fail closed), in this process and any other."""
+        summary of it is never allowed (fail closed), in this process and any other. A
+        summary's own text losing the same race keeps its record (plus the id, which only
+        makes it stricter): it is derivable from its own sources."""
         ledger = Ledger(store)
         ledger.record_source("retry ceiling seven, from the config file", "config_read", "x")
         region = ledger.resolve(["retry ceiling seven, from the config file"], "w").region
@@ -234,12 +235,12 @@ class TestReRegistration:
         ledger.record_summary(out, region, "w")
         quoting = f"Assistant: as summarized, {out}"
         put = store.put_source
-        raced = threading.Event()
+        raced: set[str] = set()
 
         def racing_put(source: Source, text: str) -> None:
-            if source.id == "cfg" and not raced.is_set():
-                raced.set()
-                put(Source("cfg", "config_read"), "another process's text")
+            if source.id not in raced:  # another process gets there first
+                raced.add(source.id)
+                put(Source(source.id, "config_read"), "another process's text")
             put(source, text)
 
         store.put_source = racing_put  # type: ignore[method-assign]
@@ -250,6 +251,9 @@ class TestReRegistration:
             assert found.region.depth == 1
             dead = found.region.sources - store.live(found.region.sources)
             assert any(s.startswith("unheld:") for s in dead)
+        with pytest.raises(SourceIdConflictError):
+            ledger.record_source(out, "ai_turn", "msg")
+        assert Ledger(store).resolve([out], "w").region.sources == {"x", "msg"}
 
 
 class TestIdsTheLibraryChooses:
