@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 #: The schema version this code writes; older schemas are migrated on open (see `_MIGRATIONS`).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 #: Writers of `entries` serialise on this advisory lock (per schema), so an entry's `seq` order is
 #: its commit order and `since` can never step over an entry that commits later.
@@ -69,6 +69,11 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
             summary bytea NOT NULL, fact bytea NOT NULL, sources bytea[] NOT NULL,
             PRIMARY KEY (summary, fact))""",
     ),
+    # A source id names one text: `put_source` refuses another text under an id whose
+    # `sources.digest` (kept since version 1, on tombstones too) differs. No table changes;
+    # the version is raised so that code which would still replace an id's text refuses to
+    # open the schema ("upgrade policyhook") instead of writing a wrong allow.
+    3: (),
 }
 
 _ENTRY = (

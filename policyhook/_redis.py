@@ -26,8 +26,10 @@ from policyhook._errors import SourceIdConflictError, StoreUnavailableError
 from policyhook._provenance import Entry, FactRecord, Region, Source, State, View
 
 #: The layout version this code writes, kept in `{ns}:meta`. 1: the store; 2: per-fact
-#: provenance (`facts:S` keys; nothing to convert, so migrating is raising the version).
-SCHEMA_VERSION = 2
+#: provenance (`facts:S` keys); 3: a source id names one text (`put_source` compares the digest
+#: `srcinfo` has kept since 1, so code that would replace an id's text refuses the layout).
+#: Nothing to convert in either, so migrating is raising the version.
+SCHEMA_VERSION = 3
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 # Keys (after the `{ns}:` prefix):
