@@ -10,6 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 from policyhook._errors import (
     PolicyError,
     PolicyIssue,
+    SourceIdConflictError,
     StoreUnavailableError,
     UnsafeRecompactionError,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "Request",
     "SQLiteStore",
     "Source",
+    "SourceIdConflictError",
     "Store",
     "StoreUnavailableError",
     "UnsafeRecompactionError",

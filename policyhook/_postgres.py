@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from policyhook._errors import StoreUnavailableError
+from policyhook._errors import SourceIdConflictError, StoreUnavailableError
 from policyhook._provenance import Entry, FactRecord, Region, Source, State, View
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 #: The schema version this code writes; older schemas are migrated on open (see `_MIGRATIONS`).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 #: Writers of `entries` serialise on this advisory lock (per schema), so an entry's `seq` order is
 #: its commit order and `since` can never step over an entry that commits later.
@@ -69,6 +69,11 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
             summary bytea NOT NULL, fact bytea NOT NULL, sources bytea[] NOT NULL,
             PRIMARY KEY (summary, fact))""",
     ),
+    # A source id names one text: `put_source` refuses another text under an id whose
+    # `sources.digest` (kept since version 1, on tombstones too) differs. No table changes;
+    # the version is raised so that code which would still replace an id's text refuses to
+    # open the schema ("upgrade policyhook") instead of writing a wrong allow.
+    3: (),
 }
 
 _ENTRY = (
@@ -297,8 +302,12 @@ class PostgresStore:
         return self._secret
 
     def put_source(self, source: Source, text: str) -> None:
+        """One statement: the id is taken only if it names no other text (`sources.digest`, kept
+        on its tombstone too), under the writers' lock, so of two workers putting different
+        texts under one id exactly one wins; the loser changes nothing and is told which state
+        the id is in."""
         entry = Entry.of_source(self._secret, source, text)
-        self._write(
+        row = self._one(
             "put_source",
             f"""
             WITH lock AS (SELECT pg_advisory_xact_lock({_LOCK_CLASS}, %(lock)s)),
@@ -309,18 +318,25 @@ class PostgresStore:
                     AND expires <= now() AND id <> %(id)s ORDER BY expires LIMIT 16
                     FOR UPDATE SKIP LOCKED)),
             src AS (
-                INSERT INTO {{s}}.sources (id, kind, digest, text, expires, state, seq)
+                INSERT INTO {{s}}.sources AS cur (id, kind, digest, text, expires, state, seq)
                 SELECT %(id)s, %(kind)s, %(digest)s, %(text)s,
                     now() + %(ttl)s::float8 * interval '1 second', 'live', n.seq FROM n
-                ON CONFLICT (id) DO UPDATE SET kind = excluded.kind, digest = excluded.digest,
+                ON CONFLICT (id) DO UPDATE SET kind = excluded.kind,
                     text = excluded.text, expires = excluded.expires, state = 'live',
-                    seq = excluded.seq)
-            {_INSERT_ENTRY} {_REPLACE}
-            WHERE e.depth = 0  -- a summary's text put as a source keeps the summary's entry
+                    seq = excluded.seq
+                WHERE cur.digest = excluded.digest  -- an id names one text
+                RETURNING 1),
+            e AS ({_INSERT_ENTRY.replace("FROM n", "FROM n, src")} {_REPLACE}
+                WHERE e.depth = 0)  -- a summary's text put as a source keeps the summary's entry
+            SELECT count(*), (SELECT CASE WHEN s.state = 'live' AND s.expires <= now()
+                THEN 'expired' ELSE s.state END FROM {{s}}.sources AS s WHERE s.id = %(id)s)
+            FROM src
             """,
             {**_entry_params(entry, None), "lock": self._lock_key, "text": _b(text),
              "ttl": self.ttl},
         )  # fmt: skip
+        if row[0] == 0:
+            raise SourceIdConflictError.taken(source.id, row[1])
 
     def get_source(self, source_id: str) -> str | None:
         row = self._one(

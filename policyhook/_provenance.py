@@ -469,19 +469,39 @@ class Ledger:
             raise ValueError('"kind" must be a non-empty string, e.g. "config_read"')
         for name, value in (("kind", kind), ("source_id", source_id or ""), ("window", window)):
             _shapes.check_id(name, value)
+        from policyhook._errors import SourceIdConflictError
+
         source = Source(id=source_id or self.text_id(kind, text), kind=kind)
         data = encode(text)
         carried = self._carried(text, data, source, window)
-        if carried is not None:  # its provenance first: no failure leaves it plain evidence
-            entry = self._put_summary(carried, text)
+        if carried is None:
+            self.store.put_source(source, text)  # refused if the id names another text
+            with self._lock:
+                self._learn(Entry.of_source(self._key, source, text), data)
+            return source
+        # Its provenance first, so no failure leaves it plain evidence; but never resting on an
+        # id that names another text (`put_source` would refuse it after the provenance was
+        # written), so that is asked first.
+        self._refuse_taken(source, carried.digest)
+        entry = self._put_summary(carried, text)
+        try:
+            self.store.put_source(source, text)  # stores keep a summary's entry over its text
+        except SourceIdConflictError:
+            # Another process took the id between the check and the write. A quoting text's
+            # record (its own id) counts on that id for the text around the summaries it
+            # quotes, and the id holds another text: make the record rest on a source no store
+            # holds too (provenance only grows), so it is never counted derivable (fail
+            # closed). A summary's own record only gained an id it does not need.
+            if entry.id == source.id:
+                unheld = f"unheld:{carried.digest[:16]}"
+                entry = replace(entry, sources=tuple(sorted({*entry.sources, unheld})))
+                entry = self._put_summary(entry, text)
+            raise
+        finally:
             with self._lock:
                 self._learn(entry, data)
                 if window in self._windows:
                     self._windows[window] = max(self._windows[window], entry.depth)
-        self.store.put_source(source, text)  # stores keep a summary's entry over its text
-        if carried is None:
-            with self._lock:
-                self._learn(Entry.of_source(self._key, source, text), data)
         return source
 
     def write_unwritten(self) -> int:
@@ -504,6 +524,23 @@ class Ledger:
                 if stored is not entry and stored != entry:  # merged with another record
                     self._learn(stored, encode(text))
                     self._closures.pop(stored.id, None)
+
+    def _refuse_taken(self, source: Source, text_digest: str) -> None:
+        """Raise `SourceIdConflictError` when `source.id` is known to name another text than
+        `text_digest`'s (before a summary-bearing text's provenance is written under it). A
+        tombstone's text is gone, but a text the store never saw cannot be the one it held.
+        What this cannot tell is left to `put_source`, which decides atomically."""
+        from policyhook._errors import SourceIdConflictError
+
+        state = self.store.states([source.id]).get(source.id)
+        if state is None:
+            return
+        if state == "live":
+            held = self.store.get_source(source.id)
+            if held is not None and digest(self._key, encode(held)) != text_digest:
+                raise SourceIdConflictError.taken(source.id, state)
+        elif text_digest not in self.store.lookup([text_digest]):
+            raise SourceIdConflictError.taken(source.id, state)
 
     def _put_summary(self, entry: Entry, text: str, facts: Sequence[FactRecord] = ()) -> Entry:
         """Store a summary's entry; the record as stored (merged with an earlier one)."""

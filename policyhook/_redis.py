@@ -22,12 +22,14 @@ import re
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from policyhook._errors import StoreUnavailableError
+from policyhook._errors import SourceIdConflictError, StoreUnavailableError
 from policyhook._provenance import Entry, FactRecord, Region, Source, State, View
 
 #: The layout version this code writes, kept in `{ns}:meta`. 1: the store; 2: per-fact
-#: provenance (`facts:S` keys; nothing to convert, so migrating is raising the version).
-SCHEMA_VERSION = 2
+#: provenance (`facts:S` keys); 3: a source id names one text (`put_source` compares the digest
+#: `srcinfo` has kept since 1, so code that would replace an id's text refuses the layout).
+#: Nothing to convert in either, so migrating is raising the version.
+SCHEMA_VERSION = 3
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 # Keys (after the `{ns}:` prefix):
@@ -152,12 +154,20 @@ return 1
 )
 
 # KEYS: live dead src recent expiry seq srcinfo entries owner log anchors
-# ARGV: id text ttl_ms info digest entry anchor
+# ARGV: id text ttl_ms info digest entry anchor -> the new seq; or, when `id` names another
+# text (`srcinfo` keeps its digest on the tombstone too), the id's state, and nothing changed.
 _PUT_SOURCE = (
     _LIB
     + """
 local id, ttl = ARGV[1], tonumber(ARGV[3])
 local now = now_ms()
+local named = redis.call('HGET', KEYS[7], id)
+if named and string.sub(named, 1, 32) ~= ARGV[5] then
+  local exp = redis.call('HGET', KEYS[1], id)
+  if exp and (exp == '0' or tonumber(exp) > now) then return 'live' end
+  if exp then return 'expired' end
+  return redis.call('HGET', KEYS[2], id) or 'evicted'
+end
 -- Purge a few expired sources (their texts), so a TTL bounds memory without a sweeper.
 local due = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, 16)
 for _, old in ipairs(due) do
@@ -602,7 +612,11 @@ class RedisStore:
         info = entry.digest.encode() + _b(source.kind)
         argv = [_b(source.id), _b(text), ttl_ms, info, entry.digest, _dump(entry)]
         argv.append(entry.anchor or "")
-        self._run("put_source", self._put_source, keys, argv)
+        done = self._run("put_source", self._put_source, keys, argv)
+        if isinstance(done, bytes | str):  # the id names another text: nothing was written
+            raise SourceIdConflictError.taken(
+                source.id, _s(done) if isinstance(done, bytes) else done
+            )
 
     def get_source(self, source_id: str) -> str | None:
         text = self._run("get_source", self._get, self._held, [_b(source_id)])

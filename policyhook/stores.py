@@ -15,6 +15,7 @@ import os
 import sqlite3
 import threading
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import replace
@@ -23,8 +24,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from policyhook import _fork
-from policyhook._errors import StoreUnavailableError
+from policyhook._errors import SourceIdConflictError, StoreUnavailableError
 from policyhook._provenance import (
+    UNREGISTERED,
     Entry,
     FactRecord,
     Region,
@@ -44,6 +46,18 @@ __all__ = ["MemoryStore", "SQLiteStore", "State", "Store", "open_store"]
 _VIEW_PARTS = frozenset({"since", "lookup", "rests_on", "live", "window_depth"})
 
 
+def _names_only(source: Source, text_digest: str) -> bool:
+    """Whether `source.id` can only ever name the text of `text_digest`, whatever was forgotten:
+    an id made by `text_id(prefix, text)` with the store's secret ends with the text's keyed
+    digest (derived ids, `guard.text_id`, the adapters' ids, offload refs), and the ids the
+    ledger gives unrecognised content (`window:` + a keyed hash of where it was found) are one
+    text's each by construction."""
+    if source.id.endswith(":" + text_digest[:16]):
+        return True
+    head, _, tail = source.id.partition(":")
+    return source.kind == UNREGISTERED and head == UNREGISTERED and len(tail) == 16
+
+
 class MemoryStore:
     """A process-local store: for tests, demos and runtimes that keep originals in memory.
 
@@ -53,7 +67,13 @@ class MemoryStore:
     `max_tombstones` (default: `max_sources`) are kept, the oldest forgotten with its source's
     entry: its id is then unknown (still dead) and its text new evidence. Summaries' entries (a
     few hundred bytes each, no text) are never forgotten: a forgotten summary would come back as
-    original evidence, a wrong allow. See docs/stores.md.
+    original evidence, a wrong allow.
+
+    A source id names one text: another text under an id held or tombstoned is refused
+    (`SourceIdConflictError`). A forgotten tombstone's id is still remembered with its text's
+    digest, for at most `max_ids` ids (default: 16 x `max_tombstones`, at least 4,096; ~200
+    bytes each). Past that, an id the store does not know may be one it forgot, so only ids that
+    name their text by construction are taken (`_names_only`): fail closed. See docs/stores.md.
     """
 
     #: Whether a subclass overrides a read `view` is made of (then `view` makes those calls).
@@ -65,6 +85,7 @@ class MemoryStore:
         max_sources: int | None = None,
         ttl: float | None = None,
         max_tombstones: int | None = None,
+        max_ids: int | None = None,
     ) -> None:
         if max_sources is not None and max_sources < 1:
             raise ValueError(f'"max_sources" must be >= 1: {max_sources}')
@@ -72,25 +93,40 @@ class MemoryStore:
             raise ValueError(f'"ttl" must be > 0 seconds: {ttl}')
         if max_tombstones is not None and max_tombstones < 0:
             raise ValueError(f'"max_tombstones" must be >= 0: {max_tombstones}')
+        if max_ids is not None and max_ids < 0:
+            raise ValueError(f'"max_ids" must be >= 0: {max_ids}')
         self.max_sources = max_sources
         self.ttl = ttl
         self.max_tombstones = max_sources if max_tombstones is None else max_tombstones
+        if max_ids is None and self.max_tombstones is not None:
+            max_ids = max(4_096, 16 * self.max_tombstones)
+        self.max_ids = max_ids
         self._secret = os.urandom(32)
         self._lock = threading.Lock()
         self._held: OrderedDict[str, tuple[Source, str, float]] = OrderedDict()  # id -> expiry
         self._dead: OrderedDict[str, State] = OrderedDict()  # the tombstones, oldest first
         self._of_source: dict[str, set[str]] = {}  # source id -> digests of its entries
+        # source id -> digest of the one text it names: every id held or tombstoned (`_named`),
+        # then the ids of forgotten tombstones, oldest first (`_retired`, at most `max_ids`)
+        self._named: dict[str, str] = {}
+        self._retired: OrderedDict[str, str] = OrderedDict()
+        self._forgotten = 0  # ids dropped from `_retired`: past it, unknown ids may be reused
         self._entries: dict[str, Entry] = {}  # digest -> entry
         self._by_id: dict[str, Entry] = {}  # summary id -> entry
-        self._by_anchor: dict[str, list[str]] = {}  # anchor -> digests
+        # anchor -> the digest of the one text starting with it, or of each (a list, rare):
+        # a list per text would cost ~90 bytes each, and almost every anchor has one text
+        self._by_anchor: dict[str, str | list[str]] = {}
         self._texts: OrderedDict[str, str] = OrderedDict()  # summary digest -> text, bounded
         # summary id -> fact -> ids of the sources stating it; bounded with the summary texts
         self._facts: OrderedDict[str, dict[str, set[str]]] = OrderedDict()
-        # For `since`: each entry's last write (digest -> seq) and the writes in order; a write
-        # superseded by a later one of the same text is skipped, and dropped when they pile up.
+        # For `since`: each entry's last write (digest -> seq) and the writes in order, as two
+        # parallel columns (seqs unboxed: 16 bytes a write, not a 56-byte tuple and a slot); a
+        # write superseded by a later one of the same text, or forgotten, is blanked (""),
+        # skipped, and dropped when they pile up.
         self._seq = 0
         self._order: dict[str, int] = {}
-        self._log: list[tuple[int, str]] = []
+        self._log_seqs = array("q")
+        self._log_digests: list[str] = []
         self._depths: dict[str, int] = {}
         _fork.register(self, MemoryStore._after_fork)
 
@@ -107,15 +143,26 @@ class MemoryStore:
     def _index(self, entry: Entry) -> None:
         previous = self._entries.get(entry.digest)
         if previous is None and entry.anchor is not None:
-            self._by_anchor.setdefault(entry.anchor, []).append(entry.digest)
+            listed = self._by_anchor.get(entry.anchor)
+            if listed is None:
+                self._by_anchor[entry.anchor] = entry.digest
+            elif isinstance(listed, str):
+                self._by_anchor[entry.anchor] = [listed, entry.digest]
+            else:
+                listed.append(entry.digest)
         self._entries[entry.digest] = entry
         if entry.depth == 0:
             self._of_source.setdefault(entry.id, set()).add(entry.digest)
         self._seq += 1
+        self._unlog(self._order.get(entry.digest))
         self._order[entry.digest] = self._seq
-        self._log.append((self._seq, entry.digest))
-        if len(self._log) > 2 * len(self._order) + 1024:
-            self._log = [(s, d) for s, d in self._log if self._order.get(d) == s]
+        self._log_seqs.append(self._seq)
+        self._log_digests.append(entry.digest)
+        if len(self._log_digests) > 2 * len(self._order) + 1024:
+            order, seqs = self._order, self._log_seqs
+            keep = [i for i, d in enumerate(self._log_digests) if order.get(d) == seqs[i]]
+            self._log_seqs = array("q", [seqs[i] for i in keep])
+            self._log_digests = [self._log_digests[i] for i in keep]
 
     def _bury(self, source_id: str, state: State) -> None:
         """Leave a tombstone; past `max_tombstones`, forget the oldest with its entries."""
@@ -123,17 +170,38 @@ class MemoryStore:
         self._dead.move_to_end(source_id)
         while self.max_tombstones is not None and len(self._dead) > self.max_tombstones:
             forgotten, _ = self._dead.popitem(last=False)
+            self._retired[forgotten] = self._named.pop(forgotten)
+            if self.max_ids is not None and len(self._retired) > self.max_ids:
+                self._retired.popitem(last=False)
+                self._forgotten += 1
             for d in self._of_source.pop(forgotten, ()):
                 entry = self._entries.get(d)
                 if entry is None or entry.depth > 0 or entry.id != forgotten:
                     continue  # a summary now, or the same text put under a live id
                 del self._entries[d]
-                self._order.pop(d, None)
-                listed = self._by_anchor.get(entry.anchor or "")
-                if listed is not None and d in listed:
-                    listed.remove(d)
-                    if not listed:
-                        del self._by_anchor[entry.anchor or ""]
+                self._unlog(self._order.pop(d, None))
+                if entry.anchor is not None:
+                    self._unanchor(entry.anchor, d)
+
+    def _unlog(self, seq: int | None) -> None:
+        """Mark the write `seq` superseded (its text written again, or forgotten): `since`
+        skips it, and it no longer keeps the digest alive until the log is compacted."""
+        if seq is not None:
+            self._log_digests[bisect.bisect_left(self._log_seqs, seq)] = ""
+
+    def _unanchor(self, anchor: str, text_digest: str) -> None:
+        listed = self._by_anchor.get(anchor)
+        if listed == text_digest:
+            del self._by_anchor[anchor]
+        elif isinstance(listed, list) and text_digest in listed:
+            listed.remove(text_digest)
+            if len(listed) == 1:
+                self._by_anchor[anchor] = listed[0]
+
+    def _anchored(self, anchor: str) -> Sequence[str]:
+        """The digests of the texts starting with `anchor`."""
+        listed = self._by_anchor.get(anchor, ())
+        return (listed,) if isinstance(listed, str) else listed
 
     def _expire(self, now: float) -> None:
         while self._held:
@@ -147,6 +215,27 @@ class MemoryStore:
         entry = Entry.of_source(self._secret, source, text)
         with self._lock:
             now = time.monotonic()
+            self._expire(now)
+            named = self._named.get(source.id)
+            if named is None:
+                named = self._retired.get(source.id)
+                state = "forgotten: its tombstone was dropped past max_tombstones"
+            else:
+                state = "live" if source.id in self._held else self._dead[source.id]
+            if named is None and self._forgotten and not _names_only(source, entry.digest):
+                raise SourceIdConflictError(
+                    source.id,
+                    f"is not known to this MemoryStore, which has forgotten {self._forgotten:,} "
+                    f"ids it held (past max_ids={self.max_ids:,}) and cannot tell whether it "
+                    "was one of them",
+                    "leave source_id out so one is derived from the text, or use "
+                    "guard.text_id(prefix, text); or raise max_ids, or use a store that keeps "
+                    "every id (SQLiteStore, PostgresStore, RedisStore)",
+                )
+            if named is not None and named != entry.digest:
+                raise SourceIdConflictError.taken(source.id, state)
+            self._retired.pop(source.id, None)
+            self._named[source.id] = entry.digest
             self._held.pop(source.id, None)
             self._held[source.id] = (source, text, now + self.ttl if self.ttl else float("inf"))
             self._dead.pop(source.id, None)
@@ -232,7 +321,7 @@ class MemoryStore:
 
     def by_anchor(self, anchors: Collection[str]) -> list[Entry]:
         with self._lock:
-            return [self._entries[d] for a in anchors for d in self._by_anchor.get(a, ())]
+            return [self._entries[d] for a in anchors for d in self._anchored(a)]
 
     def rests_on(self, summary_ids: Collection[str]) -> dict[str, frozenset[str]]:
         with self._lock:
@@ -248,11 +337,11 @@ class MemoryStore:
 
     def _since(self, cursor: int, limit: int) -> tuple[int, list[tuple[Entry, str | None]]]:
         self._expire(time.monotonic())
-        log = self._log
-        at = bisect.bisect_right(log, (cursor, "~"))  # the first write after cursor
+        seqs, digests = self._log_seqs, self._log_digests
+        at = bisect.bisect_right(seqs, cursor)  # the first write after cursor
         out: list[tuple[Entry, str | None]] = []
-        while at < len(log) and len(out) < limit:
-            cursor, d = log[at]
+        while at < len(seqs) and len(out) < limit:
+            cursor, d = seqs[at], digests[at]
             at += 1
             if self._order.get(d) != cursor:
                 continue  # written again later, or forgotten
@@ -379,8 +468,9 @@ def _closure(summary_id: str, get: Callable[[str], Entry | None]) -> set[str]:
     return sources
 
 
-#: 1: summaries copying their source lists; 2: normalised entries; 3: per-fact provenance.
-_SCHEMA_VERSION = 3
+#: 1: summaries copying their source lists; 2: normalised entries; 3: per-fact provenance;
+#: 4: the digest of the text each source id names (`sources.digest`).
+_SCHEMA_VERSION = 4
 _FOREVER = float("inf")
 #: Cached liveness entries before the cache is dropped (and filled again from the next reads):
 #: about 160 bytes an id (its sets' share and the id), so a long loop of new sources stays
@@ -388,10 +478,11 @@ _FOREVER = float("inf")
 _CACHE_MAX = 65_536
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
--- A source's text is NULL once evicted (the row is its tombstone), expires is a unix time.
+-- A source's text is NULL once evicted (the row is its tombstone), expires is a unix time,
+-- digest is the keyed digest of the one text the id names (NULL: not known, see `_name_sources`).
 CREATE TABLE IF NOT EXISTS sources (
     id TEXT PRIMARY KEY, kind TEXT NOT NULL, text TEXT, expires REAL,
-    state TEXT NOT NULL DEFAULT 'live'
+    state TEXT NOT NULL DEFAULT 'live', digest TEXT
 );
 -- One row per text known, normalised: parents and direct sources only, so size is linear.
 CREATE TABLE IF NOT EXISTS entries (
@@ -515,6 +606,8 @@ class SQLiteStore:
                 )
                 if legacy:
                     self._migrate()
+                if not self._has_column("sources", "digest"):
+                    self._name_sources()
                 self._db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
                 self._db.execute("COMMIT")
             except BaseException:
@@ -561,6 +654,32 @@ class SQLiteStore:
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
         ).fetchone()
         return row is not None
+
+    def _has_column(self, table: str, column: str) -> bool:
+        return any(r[1] == column for r in self._db.execute(f"PRAGMA table_info({table})"))
+
+    def _name_sources(self) -> None:
+        """Schema 2 or 3 to 4: the digest of the text each source id names. A held text gives
+        its own; a tombstone, the one text the entries know under its id, if there is exactly
+        one. Otherwise the id stays unidentified (NULL): no text can be registered under it
+        again, since none can be shown to be the one its summaries were made from."""
+        self._db.execute("ALTER TABLE sources ADD COLUMN digest TEXT")
+        at = 0
+        while rows := self._db.execute(
+            "SELECT rowid, text FROM sources WHERE rowid > ? AND text IS NOT NULL "
+            "ORDER BY rowid LIMIT 4096",
+            (at,),
+        ).fetchall():
+            at = rows[-1][0]
+            self._db.executemany(
+                "UPDATE sources SET digest = ? WHERE rowid = ?",
+                [(digest(self._secret, encode(_text(t))), r) for r, t in rows],
+            )
+        self._db.execute(
+            "UPDATE sources SET digest = (SELECT CASE WHEN count(DISTINCT e.digest) = 1 "
+            "THEN max(e.digest) END FROM entries AS e WHERE e.id = sources.id) "
+            "WHERE text IS NULL"
+        )
 
     def _migrate(self) -> None:
         """Schema 1 (summaries copying their full source lists) to normalised entries."""
@@ -627,14 +746,30 @@ class SQLiteStore:
         self._head = max(self._head, cursor.lastrowid or 0)
 
     def _put_source(self, source: Source, text: str) -> None:
+        """Hold `text` under `source.id` (inside a write transaction, so the check that the id
+        names no other text and the write are one step for every process)."""
+        entry = Entry.of_source(self._secret, source, text)
+        row = self._db.execute(
+            "SELECT digest, CASE WHEN state = 'live' AND expires <= ? THEN 'expired' "
+            "ELSE state END FROM sources WHERE id = ?",
+            (time.time(), source.id),
+        ).fetchone()
+        if row is not None and row[0] is None:
+            raise SourceIdConflictError(
+                source.id,
+                f"is a tombstone ({row[1]}) whose text this store cannot identify (recorded "
+                "before source ids named one text, under more than one text or none kept)",
+            )
+        if row is not None and row[0] != entry.digest:
+            raise SourceIdConflictError.taken(source.id, row[1])
         expires = time.time() + self.ttl if self.ttl else None
         self._expiry.set(source.id, _FOREVER if expires is None else expires)
         self._db.execute(
-            "INSERT OR REPLACE INTO sources (id, kind, text, expires, state) "
-            "VALUES (?, ?, ?, ?, 'live')",
-            (source.id, source.kind, _sql_text(text), expires),
+            "INSERT OR REPLACE INTO sources (id, kind, text, expires, state, digest) "
+            "VALUES (?, ?, ?, ?, 'live', ?)",
+            (source.id, source.kind, _sql_text(text), expires, entry.digest),
         )
-        self._put_entry(Entry.of_source(self._secret, source, text), None)
+        self._put_entry(entry, None)
 
     def put_source(self, source: Source, text: str) -> None:
         with self._lock:

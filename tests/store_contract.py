@@ -26,6 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from policyhook import SourceIdConflictError
 from policyhook._provenance import Entry, Source, anchor_of, digest, encode
 from policyhook.stores import Store
 
@@ -131,13 +132,82 @@ class StoreContract:
         key = digest(store.secret(), encode("the retry ceiling is 7"))
         assert store.lookup([key])[key].id == "a"
 
-    def test_re_putting_revives(self, store: Store) -> None:
-        """Putting an evicted id again makes it live with the new text."""
-        store.put_source(Source("a", "config_read"), "old")
+    def test_re_putting_the_same_text_revives(self, store: Store, reopen: Reopen) -> None:
+        """Putting an evicted id again with its text makes it live again, through any handle:
+        the original is back."""
+        store.put_source(Source("a", "config_read"), "the retry ceiling is 7")
+        store.put_source(Source("a", "config_read"), "the retry ceiling is 7")  # held: no-op
         store.evict("a")
-        store.put_source(Source("a", "config_read"), "new")
+        reopen(store).put_source(Source("a", "config_read"), "the retry ceiling is 7")
         assert store.states(["a"]) == {"a": "live"}
-        assert store.get_source("a") == "new"
+        assert store.get_source("a") == "the retry ceiling is 7"
+
+    @pytest.mark.parametrize("state", ["live", "evicted"])
+    def test_another_text_under_a_known_id_is_refused(
+        self, store: Store, reopen: Reopen, state: str
+    ) -> None:
+        """A source id names one text: another text under an id the store holds or has evicted
+        raises SourceIdConflictError (a ValueError naming the id and the way forward), through
+        any handle, and changes nothing (the id's state and text, the new text unknown)."""
+        store.put_source(Source("cfg", "config_read"), "retry_ceiling: 7")
+        if state == "evicted":
+            store.evict("cfg")
+        for handle in (store, reopen(store)):
+            with pytest.raises(SourceIdConflictError) as raised:
+                handle.put_source(Source("cfg", "config_read"), "retry_ceiling: 5")
+            assert isinstance(raised.value, ValueError) and raised.value.source_id == "cfg"
+            message = str(raised.value)
+            assert f"'cfg' already names another text (now {state})" in message
+            assert "new id" in message and "leave source_id out" in message
+        assert store.states(["cfg"]) == {"cfg": state}
+        assert store.get_source("cfg") == ("retry_ceiling: 7" if state == "live" else None)
+        assert list(store.lookup([digest(store.secret(), b"retry_ceiling: 5")])) == []
+
+    def test_another_text_under_an_expired_id_is_refused(self, make_store: MakeStore) -> None:
+        """An expired id names its text too: another is refused, the same one revives it."""
+        store = make_store(ttl=0.3)
+        store.put_source(Source("cfg", "config_read"), "retry_ceiling: 7")
+        time.sleep(0.4)
+        with pytest.raises(SourceIdConflictError, match=r"'cfg' .*\(now expired\)"):
+            store.put_source(Source("cfg", "config_read"), "retry_ceiling: 5")
+        assert store.states(["cfg"]) == {"cfg": "expired"}
+        store.put_source(Source("cfg", "config_read"), "retry_ceiling: 7")
+        assert store.get_source("cfg") == "retry_ceiling: 7"
+
+    def test_one_text_under_several_ids(self, store: Store) -> None:
+        """The same text may be held under several ids: each id still names one text."""
+        store.put_source(Source("a", "config_read"), "retry_ceiling: 7")
+        store.put_source(Source("b", "config_read"), "retry_ceiling: 7")
+        store.evict("a")
+        assert store.get_source("b") == "retry_ceiling: 7"
+        store.put_source(Source("a", "config_read"), "retry_ceiling: 7")
+        assert store.live(["a", "b"]) == {"a", "b"}
+
+    def test_racing_texts_under_one_id_one_wins(self, store: Store, reopen: Reopen) -> None:
+        """Eight handles (threads, or processes' connections) putting eight texts under one new
+        id at once: exactly one wins, the others are refused, and the store holds the winner's."""
+        handles = [store, *(reopen(store) for _ in range(7))]
+        run = next(_runs)
+        won: list[str] = []
+        refused: list[BaseException] = []
+        start = threading.Barrier(len(handles))
+
+        def put(n: int) -> None:
+            text = f"text {n} of race {run}"
+            start.wait()
+            try:
+                handles[n].put_source(Source(f"race-{run}", "config_read"), text)
+                won.append(text)
+            except SourceIdConflictError as exc:
+                refused.append(exc)
+
+        threads = [threading.Thread(target=put, args=(n,)) for n in range(len(handles))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(won) == 1 and len(refused) == len(handles) - 1
+        assert store.get_source(f"race-{run}") == won[0]
 
     def test_ttl_expires_sources(self, make_store: MakeStore) -> None:
         """A source older than the store's TTL is dead (through `live` and `view`, whatever

@@ -161,11 +161,35 @@ class TestSchemaVersions:
             conn.execute(f"DROP TABLE {name}.facts")
             conn.execute(f"UPDATE {name}.meta SET value = '1' WHERE key = 'version'")
         with PostgresStore(postgres.url, schema=name) as store:
-            assert store.schema_version() == SCHEMA_VERSION == 2
+            assert store.schema_version() == SCHEMA_VERSION == 3
             assert store.get_source("cfg") == "retry_ceiling: 7"
             entry = summary(store, "retries are capped at 7", sources=("cfg",))
             store.put_summary(entry, "retries are capped at 7", [("n:7", ("cfg",))])
             assert store.facts([entry.id]) == {entry.id: [("n:7", ("cfg",))]}
+
+    def test_postgres_schema_2_ids_name_one_text(self, postgres: servers.Restartable) -> None:
+        """A version-2 schema (when an id could take another text) is raised to 3 on open,
+        and the ids it holds and buried already name their text: another is refused."""
+        import psycopg
+
+        from policyhook import SourceIdConflictError
+        from policyhook._postgres import SCHEMA_VERSION, PostgresStore
+        from policyhook._provenance import Source
+
+        name = fresh("migrate_")
+        with PostgresStore(postgres.url, schema=name) as store:
+            store.put_source(Source("cfg", "config_read"), "retry_ceiling: 7")
+            store.put_source(Source("doc", "config_read"), "timeout: 30")
+            store.evict("doc")
+        with psycopg.connect(postgres.url, autocommit=True) as conn:
+            conn.execute(f"UPDATE {name}.meta SET value = '2' WHERE key = 'version'")
+        with PostgresStore(postgres.url, schema=name) as store:
+            assert store.schema_version() == SCHEMA_VERSION == 3
+            for source_id, state in (("cfg", "live"), ("doc", "evicted")):
+                with pytest.raises(SourceIdConflictError, match=f"now {state}"):
+                    store.put_source(Source(source_id, "config_read"), "another text")
+            store.put_source(Source("doc", "config_read"), "timeout: 30")
+            assert store.live(["cfg", "doc"]) == {"cfg", "doc"}
 
     def test_postgres_newer_schema_is_refused(self, postgres: servers.Restartable) -> None:
         import psycopg
@@ -191,11 +215,32 @@ class TestSchemaVersions:
             store._client.hset(store._k["meta"], "version", 1)
             assert store.schema_version() == 1
         with RedisStore(redis.url, namespace=name) as store:
-            assert store.schema_version() == SCHEMA_VERSION == 2
+            assert store.schema_version() == SCHEMA_VERSION == 3
             assert store.get_source("cfg") == "retry_ceiling: 7"
             entry = summary(store, "retries are capped at 7", sources=("cfg",))
             store.put_summary(entry, "retries are capped at 7", [("n:7", ("cfg",))])
             assert store.facts([entry.id]) == {entry.id: [("n:7", ("cfg",))]}
+
+    def test_redis_layout_2_ids_name_one_text(self, redis: servers.Restartable) -> None:
+        """A version-2 layout (when an id could take another text) is raised to 3 on open,
+        and the ids it holds and buried already name their text: another is refused."""
+        from policyhook import SourceIdConflictError
+        from policyhook._provenance import Source
+        from policyhook._redis import SCHEMA_VERSION, RedisStore
+
+        name = fresh("migrate")
+        with RedisStore(redis.url, namespace=name) as store:
+            store.put_source(Source("cfg", "config_read"), "retry_ceiling: 7")
+            store.put_source(Source("doc", "config_read"), "timeout: 30")
+            store.evict("doc")
+            store._client.hset(store._k["meta"], "version", 2)
+        with RedisStore(redis.url, namespace=name) as store:
+            assert store.schema_version() == SCHEMA_VERSION == 3
+            for source_id, state in (("cfg", "live"), ("doc", "evicted")):
+                with pytest.raises(SourceIdConflictError, match=f"now {state}"):
+                    store.put_source(Source(source_id, "config_read"), "another text")
+            store.put_source(Source("doc", "config_read"), "timeout: 30")
+            assert store.live(["cfg", "doc"]) == {"cfg", "doc"}
 
     def test_redis_newer_layout_is_refused(self, redis: servers.Restartable) -> None:
         from policyhook._errors import StoreUnavailableError

@@ -10,9 +10,16 @@ from typing import Any
 import pytest
 from store_contract import MakeStore, Reopen, StoreContract, summary
 
-from policyhook import Guard, MemoryStore, Source, SQLiteStore, UnsafeRecompactionError
+from policyhook import (
+    Guard,
+    MemoryStore,
+    Source,
+    SourceIdConflictError,
+    SQLiteStore,
+    UnsafeRecompactionError,
+)
 from policyhook._errors import StoreUnavailableError
-from policyhook._provenance import anchor_of, digest, encode
+from policyhook._provenance import anchor_of, digest, encode, text_id
 from policyhook.stores import Store
 
 
@@ -109,25 +116,96 @@ class TestMemoryStoreBounds:
         store = MemoryStore(max_sources=50)
         made = []
         for i in range(20_000):
-            store.put_source(Source(f"s{i}", "tool_output"), f"tool output number {i}")
+            sid = text_id("s", f"tool output number {i}", store.secret())  # names its text
+            store.put_source(Source(sid, "tool_output"), f"tool output number {i}")
             store.put_source(Source("cfg", "config_read"), "retry_ceiling: 7")  # re-put
             if i % 3 == 0:
-                store.evict(f"s{i}")
+                store.evict(sid)
             if i % 100 == 0:
                 text = f"summary number {i} of the run"
-                entry = summary(store, text, sources=(f"s{i}",))
-                store.put_summary(entry, text, [("n", (f"s{i}",))])
+                entry = summary(store, text, sources=(sid,))
+                store.put_summary(entry, text, [("n", (sid,))])
                 made.append(entry)
-        sizes = {name: len(getattr(store, name)) for name in ("_held", "_dead", "_texts", "_facts")}
-        assert sizes == {"_held": 50, "_dead": 50, "_texts": 50, "_facts": 50}
+        sizes = {
+            name: len(getattr(store, name))
+            for name in ("_held", "_dead", "_texts", "_facts", "_named", "_retired")
+        }
+        assert sizes == {
+            "_held": 50,
+            "_dead": 50,
+            "_texts": 50,
+            "_facts": 50,
+            "_named": 100,
+            "_retired": 4096,
+        }
         assert len(store._entries) == len(store._order) <= 50 + 50 + len(made) + 1
         assert len(store._of_source) <= 50 + 50 + 1
-        assert len(store._log) <= 2 * len(store._order) + 1024
-        assert sum(map(len, store._by_anchor.values())) <= len(store._entries)
+        assert len(store._log_seqs) == len(store._log_digests) <= 2 * len(store._order) + 1024
+        assert sum(len(store._anchored(a)) for a in store._by_anchor) <= len(store._entries)
         found = store.lookup([e.digest for e in made])
         assert len(found) == len(made) and all(e.depth == 1 for e in found.values())
         _, every = store.since(0, 100_000)
         assert len(every) == len(store._entries)  # each entry once, none forgotten listed
+
+
+class TestMemoryStoreIds:
+    """A bounded MemoryStore's record of the ids it held: what it remembers, and past its bound."""
+
+    def test_a_forgotten_tombstones_id_still_names_its_text(self) -> None:
+        """Past max_tombstones the tombstone and entry go, the id and its text's digest stay:
+        another text under it is refused, the same text revives it."""
+        store = MemoryStore(max_sources=1, max_tombstones=0)
+        store.put_source(Source("cfg", "config_read"), "retry_ceiling: 7")
+        store.evict("cfg")
+        assert store.states(["cfg"]) == {}  # forgotten: unknown
+        with pytest.raises(SourceIdConflictError, match="'cfg' already names another text"):
+            store.put_source(Source("cfg", "config_read"), "retry_ceiling: 5")
+        store.put_source(Source("cfg", "config_read"), "retry_ceiling: 7")
+        assert store.get_source("cfg") == "retry_ceiling: 7"
+
+    def test_past_max_ids_only_ids_naming_their_text_are_taken(self) -> None:
+        """Once an id fell off the record (max_ids), an id the store does not know may be one
+        it forgot: refused (fail closed), naming the bound; ids derived from the text (kind or
+        prefix + keyed digest) and the ledger's ids of unrecognised content are still taken."""
+        store = MemoryStore(max_sources=1, max_tombstones=0, max_ids=1)
+        store.put_source(Source("a", "tool_output"), "text of a")
+        store.put_source(Source("b", "tool_output"), "text of b")  # evicts a: retired
+        store.put_source(Source("c", "tool_output"), "text of c")  # retires b, drops a
+        with pytest.raises(SourceIdConflictError, match=r"'a' is not known .*max_ids=1"):
+            store.put_source(Source("a", "tool_output"), "another text of a")
+        with pytest.raises(SourceIdConflictError, match="'new' is not known"):
+            store.put_source(Source("new", "tool_output"), "a new text")
+        with pytest.raises(SourceIdConflictError, match="'b' already names another text"):
+            store.put_source(Source("b", "tool_output"), "another text of b")
+        derived = text_id("tool_output", "a new text", store.secret())
+        store.put_source(Source(derived, "tool_output"), "a new text")
+        assert store.get_source(derived) == "a new text"
+        gap = f"window:{'0' * 16}"
+        store.put_source(Source(gap, "window"), "unrecognised content")
+        assert store.get_source(gap) == "unrecognised content"
+        with pytest.raises(SourceIdConflictError, match="is not known"):  # not a derived id
+            store.put_source(Source(f"x:{derived[-16:]}", "tool_output"), "a third text")
+
+    def test_a_guard_on_a_reused_forgotten_id_never_allows(self) -> None:
+        """The wrong allow past every bound: a summary of cfg's first text, cfg's tombstone
+        forgotten, cfg registered again with another text: refused at registration, and the
+        summary is still refused (cfg dead)."""
+        guard = Guard(store=MemoryStore(max_sources=1, max_tombstones=0, max_ids=1))
+        guard.record_source("retry_ceiling: seven, from the config", "config_read", "cfg")
+        summarize = guard(lambda t: "Summary: the retry ceiling is seven.", summarizer="s")
+        out = summarize("retry_ceiling: seven, from the config")
+        for i in range(3):  # cfg evicted, its tombstone and then its id forgotten
+            guard.record_source(f"turn number {'x' * i}", "user_turn")
+        for text in ("retry_ceiling: five, from the config", "retry_ceiling: seven, from it"):
+            with pytest.raises(SourceIdConflictError):
+                guard.record_source(text, "config_read", "cfg")
+        with pytest.raises(UnsafeRecompactionError):
+            guard.check(out, summarizer="s", enforce=True)
+
+    def test_bad_max_ids_is_a_clear_error(self) -> None:
+        """max_ids < 0 is refused, naming the parameter and value."""
+        with pytest.raises(ValueError, match='"max_ids" must be >= 0: -1'):
+            MemoryStore(max_ids=-1)
 
 
 class TestSQLite:
@@ -271,11 +349,48 @@ class TestSQLite:
         db.executescript("DROP TABLE facts; PRAGMA user_version = 2;")
         db.close()
         with SQLiteStore(path) as store:
-            assert store._db.execute("PRAGMA user_version").fetchone()[0] == 3
+            assert store._db.execute("PRAGMA user_version").fetchone()[0] == 4
             assert store.get_source("cfg") == "retry_ceiling: 7"
             entry = summary(store, "retries are capped at 7", sources=("cfg",))
             store.put_summary(entry, "retries are capped at 7", [("n:7", ("cfg",))])
             assert store.facts([entry.id]) == {entry.id: [("n:7", ("cfg",))]}
+
+    def test_schema_3_file_learns_the_text_each_id_names(self, tmp_path: Path) -> None:
+        """A version-3 file (sources without their text's digest) is migrated on open: a held
+        source names its text, a tombstone the one text the entries know under its id, and a
+        tombstone whose id held two texts (the earlier versions let an id be given another
+        text) takes no text again: none can be shown to be what its summaries were made of."""
+        path = tmp_path / "v3.db"
+        with SQLiteStore(path) as store:
+            store.put_source(Source("held", "config_read"), "retry_ceiling: 7")
+            store.put_source(Source("gone", "config_read"), "timeout: 30")
+            store.evict("gone")
+            store.put_source(Source("twice", "config_read"), "first text")
+            store.evict("twice")
+        db = sqlite3.connect(path)
+        db.executescript(
+            f"""
+            INSERT INTO entries (digest, id, depth, kind, size, anchor, parents, direct,
+                source_kinds, window) VALUES ('{"f" * 32}', 'twice', 0, 'config_read', 11,
+                NULL, '[]', '["twice"]', '["config_read"]', '');
+            ALTER TABLE sources DROP COLUMN digest;
+            PRAGMA user_version = 3;
+            """
+        )
+        db.close()
+        for _ in range(2):  # migrating once, then opening a version-4 file
+            with SQLiteStore(path) as store:
+                assert store._db.execute("PRAGMA user_version").fetchone()[0] == 4
+                for source_id, state in (("held", "live"), ("gone", "evicted")):
+                    with pytest.raises(SourceIdConflictError, match=f"now {state}"):
+                        store.put_source(Source(source_id, "config_read"), "another text")
+                for text in ("first text", "second text"):
+                    with pytest.raises(SourceIdConflictError, match="cannot identify"):
+                        store.put_source(Source("twice", "config_read"), text)
+                store.put_source(Source("held", "config_read"), "retry_ceiling: 7")
+                store.put_source(Source("gone", "config_read"), "timeout: 30")
+                assert store.live(["held", "gone", "twice"]) == {"held", "gone"}
+                store.evict("gone")
 
     def test_newer_schema_is_refused(self, tmp_path: Path) -> None:
         """A file written by a newer policyhook is refused, never downgraded."""
