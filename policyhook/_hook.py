@@ -712,9 +712,8 @@ class Guard:
         ref = text_id("offload", payload, self.store.secret())
         self.store.put_source(Source(ref, remedies.OFFLOAD_KIND), payload)
         pointer = remedies.pointer_text(ref, texts, pinned)
-        # The pointer's id names its own text: the same archive pinned otherwise is another.
-        pointer_id = self.ledger.text_id(f"{ref}#pointer", pointer)
-        self.ledger.record_source(pointer, remedies.POINTER_KIND, pointer_id)
+        # Its id is derived from its text (the same archive pinned otherwise is another text).
+        self.ledger.record_source(pointer, remedies.POINTER_KIND)
         return ref, pointer
 
     def _escalation(self) -> Escalation:

@@ -261,8 +261,8 @@ class TestIdsTheLibraryChooses:
 
     def test_offloading_the_same_window_twice_with_other_pins(self) -> None:
         """A window offloaded again after one more source died gets the same archive ref but a
-        pointer pinning fewer facts: the pointer's id names its own text, so the second
-        offload is not refused (it was `<ref>#pointer` for every pointer of that ref)."""
+        pointer pinning fewer facts: the pointer's id is derived from its text, so the
+        second offload is not refused (it was `<ref>#pointer` for every pointer of that ref)."""
         from policyhook import remedies
 
         guard = Guard()
