@@ -10,7 +10,6 @@ from importlib.metadata import PackageNotFoundError, version
 from policyhook._errors import (
     PolicyError,
     PolicyIssue,
-    SourceIdConflictError,
     StoreUnavailableError,
     UnsafeRecompactionError,
 )
@@ -18,7 +17,7 @@ from policyhook._hook import Guard, GuardedCall, Request, current_request, reque
 from policyhook._loader import load, load_default
 from policyhook._policy import Decision, Effect, FailurePolicy, Mode, PolicySet
 from policyhook._postgres import PostgresStore
-from policyhook._provenance import Ledger, Region, Source
+from policyhook._provenance import Ledger, Region, Source, SourceIdConflictError
 from policyhook._redis import RedisStore
 from policyhook.decisionlog import DecisionLog
 from policyhook.stores import MemoryStore, SQLiteStore, Store

@@ -118,28 +118,3 @@ class StoreUnavailableError(ConnectionError):
     The guard counts every source of the decision it was asking about as dead (fail closed) and
     logs this message; a write (`record_source`) raises it to the caller.
     """
-
-
-class SourceIdConflictError(ValueError):
-    """A source id the store has held names another text: registering this one is refused.
-
-    A source id names one text forever. Summaries made from the text an id held rest on that id;
-    if the id could take a new text, they would count it live while the store can only give
-    back the new one (a wrong allow). A ValueError because the caller chose the id: nothing was
-    changed, and the way forward is another id.
-    """
-
-    #: The way forward, for most conflicts.
-    NEW_ID = (
-        "register this text under a new id (e.g. a version suffix, or guard.text_id(prefix, "
-        "text)), or leave source_id out so one is derived from the text"
-    )
-
-    def __init__(self, source_id: str, reason: str, way: str = NEW_ID) -> None:
-        self.source_id = source_id
-        super().__init__(f"source id {source_id!r} {reason}; a source id names one text: {way}")
-
-    @classmethod
-    def taken(cls, source_id: str, state: str) -> SourceIdConflictError:
-        """The refusal every store gives when `source_id` (now `state`) named another text."""
-        return cls(source_id, f"already names another text (now {state})")

@@ -24,8 +24,16 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from policyhook._errors import SourceIdConflictError, StoreUnavailableError
-from policyhook._provenance import Entry, FactRecord, Region, Source, State, View
+from policyhook._errors import StoreUnavailableError
+from policyhook._provenance import (
+    Entry,
+    FactRecord,
+    Region,
+    Source,
+    SourceIdConflictError,
+    State,
+    View,
+)
 
 if TYPE_CHECKING:
     import psycopg

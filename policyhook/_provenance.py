@@ -98,6 +98,31 @@ def text_id(prefix: str, text: str, key: bytes | None = None) -> str:
     return f"{prefix}:{digest(key or _PROCESS_KEY, encode(text))[:16]}"
 
 
+class SourceIdConflictError(ValueError):
+    """A source id the store has held names another text: registering this one is refused.
+
+    A source id names one text forever. Summaries made from the text an id held rest on that id;
+    if the id could take a new text, they would count it live while the store can only give
+    back the new one (a wrong allow). A ValueError because the caller chose the id: nothing was
+    changed, and the way forward is another id.
+    """
+
+    #: The way forward, for most conflicts.
+    NEW_ID = (
+        "register this text under a new id (e.g. a version suffix, or guard.text_id(prefix, "
+        "text)), or leave source_id out so one is derived from the text"
+    )
+
+    def __init__(self, source_id: str, reason: str, way: str = NEW_ID) -> None:
+        self.source_id = source_id
+        super().__init__(f"source id {source_id!r} {reason}; a source id names one text: {way}")
+
+    @classmethod
+    def taken(cls, source_id: str, state: str) -> SourceIdConflictError:
+        """The refusal every store gives when `source_id` (now `state`) named another text."""
+        return cls(source_id, f"already names another text (now {state})")
+
+
 @dataclass(frozen=True)
 class Entry:
     """What a store knows about one text, found by its keyed digest.
@@ -469,8 +494,6 @@ class Ledger:
             raise ValueError('"kind" must be a non-empty string, e.g. "config_read"')
         for name, value in (("kind", kind), ("source_id", source_id or ""), ("window", window)):
             _shapes.check_id(name, value)
-        from policyhook._errors import SourceIdConflictError
-
         source = Source(id=source_id or self.text_id(kind, text), kind=kind)
         data = encode(text)
         carried = self._carried(text, data, source, window)
@@ -530,8 +553,6 @@ class Ledger:
         `text_digest`'s (before a summary-bearing text's provenance is written under it). A
         tombstone's text is gone, but a text the store never saw cannot be the one it held.
         What this cannot tell is left to `put_source`, which decides atomically."""
-        from policyhook._errors import SourceIdConflictError
-
         state = self.store.states([source.id]).get(source.id)
         if state is None:
             return

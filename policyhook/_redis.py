@@ -22,8 +22,16 @@ import re
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from policyhook._errors import SourceIdConflictError, StoreUnavailableError
-from policyhook._provenance import Entry, FactRecord, Region, Source, State, View
+from policyhook._errors import StoreUnavailableError
+from policyhook._provenance import (
+    Entry,
+    FactRecord,
+    Region,
+    Source,
+    SourceIdConflictError,
+    State,
+    View,
+)
 
 #: The layout version this code writes, kept in `{ns}:meta`. 1: the store; 2: per-fact
 #: provenance (`facts:S` keys); 3: a source id names one text (`put_source` compares the digest

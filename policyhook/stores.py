@@ -24,13 +24,14 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from policyhook import _fork
-from policyhook._errors import SourceIdConflictError, StoreUnavailableError
+from policyhook._errors import StoreUnavailableError
 from policyhook._provenance import (
     UNREGISTERED,
     Entry,
     FactRecord,
     Region,
     Source,
+    SourceIdConflictError,
     State,
     Store,
     View,
