@@ -16,7 +16,7 @@ import math
 import operator
 import sys
 import threading
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -109,6 +109,20 @@ def parse(source: str) -> lark.Tree[Any]:
     return tree
 
 
+def _selects(tree: lark.Tree[Any]) -> Iterator[tuple[lark.Tree[Any], lark.Tree[Any], str]]:
+    """`(select node, root identifier node, field)` for every `name.field` select in `tree`."""
+    for node in tree.iter_subtrees():
+        if node.data != "member_dot":
+            continue
+        target, field = node.children
+        primary = target.children[0] if isinstance(target, lark.Tree) else None
+        if not (isinstance(primary, lark.Tree) and primary.data == "primary"):
+            continue
+        root = primary.children[0]
+        if isinstance(root, lark.Tree) and root.data in ("ident", "dot_ident"):
+            yield node, root, str(field)
+
+
 @functools.lru_cache(maxsize=4096)  # a pure function of its text; a reload re-reads the same
 def fields_read(source: str) -> Mapping[str, frozenset[str] | None]:
     """The top-level names `source` reads, each with the fields selected from it (`region.kind`
@@ -123,19 +137,11 @@ def fields_read(source: str) -> Mapping[str, frozenset[str] | None]:
     tree = parse(source)
     read: dict[str, set[str] | None] = {}
     selected: set[int] = set()  # the ident nodes that are the root of a `name.field` select
-    for node in tree.iter_subtrees():
-        if node.data != "member_dot":
-            continue
-        target, field = node.children
-        primary = target.children[0] if isinstance(target, lark.Tree) else None
-        if not (isinstance(primary, lark.Tree) and primary.data == "primary"):
-            continue
-        root = primary.children[0]
-        if isinstance(root, lark.Tree) and root.data in ("ident", "dot_ident"):
-            selected.add(id(root))
-            fields = read.setdefault(str(root.children[0]), set())
-            if fields is not None:
-                fields.add(str(field))
+    for _, root, field in _selects(tree):
+        selected.add(id(root))
+        fields = read.setdefault(str(root.children[0]), set())
+        if fields is not None:
+            fields.add(field)
     for node in tree.iter_subtrees():
         if node.data in ("ident", "dot_ident") and id(node) not in selected:
             read[str(node.children[0])] = None  # used whole
@@ -194,20 +200,11 @@ def flatten(
                 parents[id(child)] = node
     edits: list[tuple[int, int, str]] = []
     reads: set[tuple[str, str, str]] = set()
-    for node in tree.iter_subtrees():
-        if node.data != "member_dot":
-            continue
-        target, field = node.children
-        primary = target.children[0] if isinstance(target, lark.Tree) else None
-        if not (isinstance(primary, lark.Tree) and primary.data == "primary"):
-            continue
-        root = primary.children[0]
-        if not (isinstance(root, lark.Tree) and root.data in ("ident", "dot_ident")):
-            continue
+    for node, root, field in _selects(tree):
         variable = str(root.children[0])
         if variable not in roots:
             continue
-        key = (variable, str(field))
+        key = (variable, field)
         top = node  # the outermost node that is this select alone
         while (up := parents.get(id(top))) is not None and up.data in _WRAPPERS:
             if len(up.children) != 1:
