@@ -144,6 +144,30 @@ class TestDecisions:
         assert "1 of 10 sources gone" in answer["reason"]
         assert hook.last()["activation"]["region"]["dead_sources"] == [source("u2-0000")]
 
+    def test_an_entry_rewritten_under_an_evicted_id_is_archived_under_its_own(
+        self, hook: Hook, tmp_path: Path
+    ) -> None:
+        """An entry whose text changed (a transcript rewritten, or read differently) while its
+        old text was evicted: a source id names one text, so the new text is archived under an
+        id derived from it, and the compaction is decided, not failed."""
+        allowed(hook(hook_input("fresh")))
+        with SQLiteStore(hook.store) as store:
+            assert store.evict(source("u1-0000"))
+        rewritten = tmp_path / "rewritten.jsonl"
+        lines = (FIXTURES / "fresh.jsonl").read_text().splitlines()
+        for n, line in enumerate(lines):
+            entry = json.loads(line)
+            if entry.get("uuid") == "u1-0000":
+                entry["message"]["content"] = "The deploy step times out. Retry it, per config."
+                lines[n] = json.dumps(entry)
+        rewritten.write_text("\n".join(lines) + "\n")
+        allowed(hook(hook_input(rewritten)))
+        with SQLiteStore(hook.store) as store:
+            held = {text: s.id for s, text in store.sources(100)}
+        new_id = held["The deploy step times out. Retry it, per config."]
+        assert new_id.startswith(source("u1-0000") + ":") and hook.held(source("u1-0000")) == set()
+        assert new_id in hook.last()["activation"]["region"]["live_sources"]
+
     def test_second_compaction_goes_one_pass_deeper(self, hook: Hook) -> None:
         """After two boundaries the window holds a depth-2 summary resting on every original."""
         allowed(hook(hook_input("compacted_twice")))

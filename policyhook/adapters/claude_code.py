@@ -25,8 +25,10 @@ within a byte budget; only regular files are opened):
   history it replaced. Records Claude Code keeps beside the chain (the other content blocks of a
   chain message, results of parallel tool calls) are read with it.
 - Originals are the user prompts (`user_turn`), tool results (`tool_output`) and assistant text
-  and tool calls (`ai_turn`), with the source id `claude:<sessionId>:<uuid>`. `isMeta` entries,
-  thinking blocks, other system entries and sidechains are not evidence.
+  and tool calls (`ai_turn`), with the source id `claude:<sessionId>:<uuid>` (an entry whose text
+  changed while the store held its old one, a source id naming one text, under
+  `claude:<sessionId>:<uuid>:<digest>`). `isMeta` entries, thinking blocks, other system entries
+  and sidechains are not evidence.
 - The entry flagged `isCompactSummary` after a boundary is the summary of the segment before it:
   it rests on that segment's originals and on that segment's own summary, one pass deeper.
 - What cannot be read is never skipped silently: history the chain cannot reach (a missing
@@ -55,7 +57,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, TextIO
 
-from policyhook import Decision, Effect, Guard, Region, UnsafeRecompactionError, load, request
+from policyhook import (
+    Decision,
+    Effect,
+    Guard,
+    Region,
+    SourceIdConflictError,
+    UnsafeRecompactionError,
+    load,
+    request,
+)
 from policyhook._exit import HookExit
 from policyhook.adapters import content_of, untraced_summary
 from policyhook.otel import Setup, configure_from_environment
@@ -637,7 +648,11 @@ def _regions(guard: Guard, transcript: Transcript, window: str) -> list[Region]:
         held = guard.store.live([o.source_id for o in segment.originals])
         for original in segment.originals:
             if original.source_id not in held:  # archived by an earlier run: not written again
-                guard.record_source(original.text, original.kind, original.source_id)
+                try:
+                    guard.record_source(original.text, original.kind, original.source_id)
+                except SourceIdConflictError:  # the entry's id held another text: this one
+                    own = guard.text_id(original.source_id, original.text)  # under its own id
+                    guard.record_source(original.text, original.kind, own)
             # What the original rests on as the ledger knows it: a turn that quotes a summary
             # keeps that summary's depth and sources (never laundered into evidence).
             parts.append(guard.provenance(original.text, window))
