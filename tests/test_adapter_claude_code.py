@@ -144,15 +144,17 @@ class TestDecisions:
         assert "1 of 10 sources gone" in answer["reason"]
         assert hook.last()["activation"]["region"]["dead_sources"] == [source("u2-0000")]
 
-    def test_an_entry_rewritten_under_an_evicted_id_is_archived_under_its_own(
-        self, hook: Hook, tmp_path: Path
+    @pytest.mark.parametrize("evicted", [True, False])
+    def test_an_entry_rewritten_under_its_old_id_is_archived_under_its_own(
+        self, hook: Hook, tmp_path: Path, evicted: bool
     ) -> None:
-        """An entry whose text changed (a transcript rewritten, or read differently) while its
-        old text was evicted: a source id names one text, so the new text is archived under an
-        id derived from it, and the compaction is decided, not failed."""
+        """An entry whose text changed (a transcript rewritten, or read differently) while the
+        store holds or has evicted its old text: a source id names one text, so the new text is
+        archived under an id derived from it, and the compaction is decided, not failed."""
         allowed(hook(hook_input("fresh")))
-        with SQLiteStore(hook.store) as store:
-            assert store.evict(source("u1-0000"))
+        if evicted:
+            with SQLiteStore(hook.store) as store:
+                assert store.evict(source("u1-0000"))
         rewritten = tmp_path / "rewritten.jsonl"
         lines = (FIXTURES / "fresh.jsonl").read_text().splitlines()
         for n, line in enumerate(lines):
@@ -165,8 +167,10 @@ class TestDecisions:
         with SQLiteStore(hook.store) as store:
             held = {text: s.id for s, text in store.sources(100)}
         new_id = held["The deploy step times out. Retry it, per config."]
-        assert new_id.startswith(source("u1-0000") + ":") and hook.held(source("u1-0000")) == set()
-        assert new_id in hook.last()["activation"]["region"]["live_sources"]
+        assert new_id.startswith(source("u1-0000") + ":")
+        assert hook.held(source("u1-0000")) == (set() if evicted else {source("u1-0000")})
+        region = hook.last()["activation"]["region"]
+        assert new_id in region["live_sources"] and region["dead_sources"] == []
 
     def test_second_compaction_goes_one_pass_deeper(self, hook: Hook) -> None:
         """After two boundaries the window holds a depth-2 summary resting on every original."""

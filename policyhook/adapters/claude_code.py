@@ -44,6 +44,7 @@ provenance. So re-compacting is allowed while the originals can be given back.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -68,7 +69,7 @@ from policyhook import (
     request,
 )
 from policyhook._exit import HookExit
-from policyhook.adapters import content_of, untraced_summary
+from policyhook.adapters import content_of, known, untraced_summary
 from policyhook.otel import Setup, configure_from_environment
 from policyhook.remedies import Remedied
 from policyhook.stores import SQLiteStore
@@ -643,19 +644,22 @@ def _regions(guard: Guard, transcript: Transcript, window: str) -> list[Region]:
             if previous is not None:
                 parts += guard.record_summary(text, of=[previous], window=window)
             else:  # no history for it in this transcript: known from an earlier run, or untraced
-                known = guard.provenance(text, window)
-                parts.append(known if known.depth > 0 else untraced_summary(text))
+                earlier = guard.provenance(text, window)
+                parts.append(earlier if earlier.depth > 0 else untraced_summary(text))
         held = guard.store.live([o.source_id for o in segment.originals])
         for original in segment.originals:
             if original.source_id not in held:  # archived by an earlier run: not written again
-                try:
+                # SourceIdConflictError: its id named another text; archived below
+                with contextlib.suppress(SourceIdConflictError):
                     guard.record_source(original.text, original.kind, original.source_id)
-                except SourceIdConflictError:  # the entry's id held another text: this one
-                    own = guard.text_id(original.source_id, original.text)  # under its own id
-                    guard.record_source(original.text, original.kind, own)
             # What the original rests on as the ledger knows it: a turn that quotes a summary
             # keeps that summary's depth and sources (never laundered into evidence).
-            parts.append(guard.provenance(original.text, window))
+            region = guard.provenance(original.text, window)
+            if not known(region):  # the entry's id names another text (the entry rewritten):
+                own = guard.text_id(original.source_id, original.text)  # this one under its own
+                guard.record_source(original.text, original.kind, own)
+                region = guard.provenance(original.text, window)
+            parts.append(region)
         previous = Region.merge(parts, f"{window}#segment-{number}")
     return parts
 
