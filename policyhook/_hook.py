@@ -144,7 +144,7 @@ class GuardedCall:
         request: Request,
         resolution: Resolution,
         decision: Decision,
-        activation: Mapping[str, Any],
+        activation: schema.Activation,
         span: Span,
         value: Any = None,
     ) -> None:
@@ -154,7 +154,9 @@ class GuardedCall:
         self._value = value
         self._guard = guard
         self._resolution = resolution
-        self._activation = activation
+        self._input = activation  # what the input was decided on (the output check reads it)
+        #: What the decision log records: the input's activation, or the output's once checked.
+        self._activation: Mapping[str, Any] = activation
         self._span = span
         self._outcome: Outcome | None = None
         #: The output's facts and their sources, when output-phase policies checked it.
@@ -865,11 +867,7 @@ class Guard:
         if not policies.checks_output:
             return output
         texts = _texts(output)
-        made = call._activation
-        if isinstance(made, schema.Activation):  # the sets themselves: nothing sorted
-            live, scope = set(made.live_set), set(made.source_set)
-        else:
-            live, scope = set(made["region"]["live_sources"]), set(made["region"]["sources"])
+        live, scope = set(call._input.live_set), set(call._input.source_set)  # nothing sorted
         # scope, what the input rests on: only these may state a fact, not whatever else the
         # process-wide index holds from other calls (that would make an invented number
         # unverifiable instead of ungrounded, and a finding depend on the cache); the live
@@ -897,7 +895,7 @@ class Guard:
             found = grounding.check(written, self._facts, live, carried=carried, scope=scope)
             self._facts.trim(keep=live)
         call.grounding = found
-        activation = {**call._activation, "summary": schema.summary(found.summary())}
+        activation = {**call._input, "summary": schema.summary(found.summary())}
         decision = policies.decide(activation, phase="output")
         if decision.effect != Effect.ALLOW:
             decision = replace(decision, message=f"{decision.message}: {found.describe()}")

@@ -542,7 +542,8 @@ class Ledger:
                 with self._lock:
                     return len(self._unwritten)
             with self._lock:
-                if self._unwritten.get(key, (None,))[0] is entry:
+                owed = self._unwritten.get(key)
+                if owed is not None and owed[0] is entry:  # not owed again meanwhile
                     del self._unwritten[key]
                 if stored is not entry and stored != entry:  # merged with another record
                     self._learn(stored, encode(text))
