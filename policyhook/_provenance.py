@@ -291,6 +291,14 @@ class Resolution:
 _Part = tuple[str, int, frozenset[str], frozenset[str], int]
 
 
+def _known(parts: list[_Part], unregistered: list[tuple[str, str]]) -> list[_Part]:
+    """Of the parts a Region's text resolved to, what the stores know (summaries, sources, and
+    what could not be checked: fail closed), each with no size of its own: the Region declared
+    its content and size, so its unrecognised text is not registered again."""
+    gaps = {source_id for source_id, _ in unregistered}
+    return [(p[0], p[1], p[2], p[3], 0) for p in parts if p[0] not in gaps]
+
+
 def _unverifiable(key: str, chars: int) -> _Part:
     """A message the ledger could not check because the store did not answer: it may be a
     summary, so it counts as one resting on a source no store holds (fail closed)."""
@@ -758,6 +766,12 @@ class Ledger:
             except Exception:  # a miss below still asks the store, and fails closed if it cannot
                 _logger.debug("policyhook: store catch-up failed", exc_info=True)
         secret = self._key
+        # A Region's own text is recognised too: what a store knows of it only adds to what the
+        # caller declared (a known summary handed over as `Region.original` is still one).
+        declared = len(items)
+        texts = [i.text for i in items if isinstance(i, Region) and i.text and i.text.strip()]
+        if texts:
+            items = [*items, *texts]
         encoded: list[bytes] = []
         digests: list[str] = []
         messages: list[str] = []  # the digests of the str items, to look up whole
@@ -786,7 +800,10 @@ class Ledger:
             known = self._fetch(messages + list(bare.values()))
         except Exception as exc:  # what the cache holds is still recognised
             failure = exc
+        tail = (0, 0)
         for at, (item, data, key) in enumerate(zip(items, encoded, digests, strict=True)):
+            if at == declared:
+                tail = (len(parts), len(unregistered))
             if isinstance(item, Region):
                 parts.append((item.id, item.depth, item.sources, item.source_kinds, item.chars))
                 continue
@@ -813,6 +830,9 @@ class Ledger:
                 failure = exc
                 del parts[mark[0] :], unregistered[mark[1] :]
                 parts.append(_unverifiable(key, len(item)))
+        if texts:  # the Regions' texts: only what is known of them, no content of their own
+            parts[tail[0] :] = _known(parts[tail[0] :], unregistered[tail[1] :])
+            del unregistered[tail[1] :]
         if failure is not None:
             _logger.warning(
                 "policyhook: store unreachable while recognising the input; what it could not "
@@ -1154,7 +1174,9 @@ class Ledger:
                 data = encode(text)
                 self._learn(entry, data)
                 if within is not None and not changed:
-                    changed = any(isinstance(i, str) and text in i for i in within)
+                    changed = any(
+                        text in (i if isinstance(i, str) else i.text or "") for i in within
+                    )
             else:
                 self._remember(entry)
                 # Known, text gone: a summary must still be found inside longer input, so

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import policyhook
-from policyhook import Guard, MemoryStore, SQLiteStore, Store, UnsafeRecompactionError
+from policyhook import Guard, MemoryStore, Region, SQLiteStore, Store, UnsafeRecompactionError
 
 #: Bytes under which a known text is recognised only as a whole unit (docs/inputs.md).
 EMBEDDED = 16
@@ -286,11 +286,25 @@ class Provenance(RuleBasedStateMachine):
     def must_refuse(self, found: Found) -> bool:
         return found.depth > 0 and not self.live(found)
 
-    def decide(self, guard: Guard, units: list[str], window: str) -> None:
-        found = self.oracle.value(units)
+    def decide(
+        self, guard: Guard, units: list[str], window: str, wrapped: list[bool] | None = None
+    ) -> None:
+        """Decide on `units`, those marked in `wrapped` handed over as `Region.original(unit)`
+        (a framework's seam): what is known of a Region's text counts as of any unit; its own
+        unrecognised content is the caller's declared content, not a gap."""
+        wrapped = wrapped or [False] * len(units)
+        value: list[str | Region] = [
+            Region.original(unit) if wrap else unit
+            for unit, wrap in zip(units, wrapped, strict=True)
+        ]
+        found = Found()
+        for unit, wrap in zip(units, wrapped, strict=True):
+            own = self.oracle.unit(unit, found)
+            if wrap:
+                found.gaps -= set(own)
         with policyhook.request(window=window):
-            region = guard.provenance(units)
-            decision = guard.check(units, summarizer="property")
+            region = guard.provenance(value)
+            decision = guard.check(value, summarizer="property")
         assert region.depth >= found.depth, (units, region, found)
         held = {s for s in found.sources - self.oracle.shared if self.oracle.held(s)}
         assert held <= region.sources, ("a live source not found", units, region, found)
@@ -352,6 +366,13 @@ class Provenance(RuleBasedStateMachine):
     @rule(data=st.data())
     def check(self, data: st.DataObject) -> None:
         self.decide(self.guard(data), self.units(data), data.draw(st.sampled_from(["w1", "w2"])))
+
+    @rule(data=st.data())
+    def check_regions(self, data: st.DataObject) -> None:
+        units = self.units(data)
+        wrapped = [data.draw(st.booleans()) for _ in units]
+        window = data.draw(st.sampled_from(["w1", "w2"]))
+        self.decide(self.guard(data), units, window, wrapped)
 
     @rule(replace=st.booleans())
     def new_guard(self, replace: bool) -> None:

@@ -5,12 +5,13 @@ of how it came back.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
 import pytest
 
-from policyhook import Guard, MemoryStore, SQLiteStore, Store
+from policyhook import Guard, MemoryStore, Region, SQLiteStore, Store
 
 SOURCE = "config read: retry_ceiling = 7 for the billing job"
 
@@ -278,3 +279,76 @@ class TestAClosureCachedPastItsSummarysEntry:
         store.evict("second")
         assert worker.check([summary], summarizer="p").effect == "deny"
         assert other.check([summary], summarizer="p").effect == "deny"
+
+
+class TestARegionsOwnText:
+    """A `Region` in the input passed through with the provenance its caller declared, its text
+    never read: a known summary of dead sources handed over as `Region.original(text)` (an
+    adapter's or a framework's seam) was original content, and re-summarizing it was allowed.
+    What the stores know of a Region's text now adds to what was declared."""
+
+    SUMMARY = "Summary: the billing job has a retry ceiling, per the config read."
+
+    def region_of(self, how: str, text: str) -> Region:
+        return {
+            "original": Region.original(text),
+            "declared": Region(id="mine", depth=0, sources=frozenset({"cfg"}), text=text),
+            "embedded": Region.original(f"an earlier turn said this.\n{text}\nthen it went on"),
+        }[how]
+
+    @pytest.mark.parametrize("how", ["original", "declared", "embedded"])
+    @pytest.mark.parametrize("kind", ["memory", "sqlite"])
+    def test_a_known_summary_in_a_region_is_refused_once_its_source_is_gone(
+        self, tmp_path: Path, how: str, kind: str
+    ) -> None:
+        store: Store = MemoryStore() if kind == "memory" else SQLiteStore(tmp_path / "s.sqlite")
+        guard = Guard(store=store)
+        guard.record_source(SOURCE, "config_read", "cfg")
+        guard(lambda text: self.SUMMARY, summarizer="s")(SOURCE)
+        store.evict("cfg")
+        region = guard.provenance([self.region_of(how, self.SUMMARY)])
+        assert region.depth == 1
+        assert "cfg" in region.sources
+        decision = guard.check([self.region_of(how, self.SUMMARY)], summarizer="p")
+        assert decision.effect == "deny"
+
+    def test_another_process_that_learns_the_summary_later_reads_the_region(
+        self, tmp_path: Path
+    ) -> None:
+        """The second guard resolved the Region before the summary existed; it learns the summary
+        from the store's log (`since`) and must see that the Region's text holds it."""
+        path = tmp_path / "s.sqlite"
+        first, later = Guard(store=SQLiteStore(path)), Guard(store=SQLiteStore(path))
+        first.record_source(SOURCE, "config_read", "cfg")
+        value = [Region.original(f"an earlier turn said this.\n{self.SUMMARY}\nthen it went on")]
+        assert later.provenance(value).depth == 0
+        first(lambda text: self.SUMMARY, summarizer="s")(SOURCE)
+        first.store.evict("cfg")
+        assert later.check(value, summarizer="p").effect == "deny"
+
+    def test_a_region_of_unknown_text_keeps_what_was_declared(self) -> None:
+        """Nothing known in it: the declared region as it was, its text not registered again."""
+        guard = Guard(store=MemoryStore())
+        guard.record_source(SOURCE, "config_read", "cfg")
+        text = "a framework's own message, which no store holds, long enough to be searched"
+        declared = Region(id="mine", sources=frozenset({"cfg"}), source_kinds=frozenset({"x"}))
+        declared = replace(declared, chars=len(text), text=text)
+        resolution = guard.ledger.resolve([declared], "w")
+        assert resolution.region.depth == 0
+        assert resolution.region.sources == {"cfg"}
+        assert resolution.region.source_kinds == {"x"}
+        assert resolution.region.chars == len(text)
+        assert resolution.unregistered == ()
+        assert guard.check([declared], summarizer="p").effect == "allow"
+
+    def test_a_region_whose_text_cannot_be_checked_is_refused(self) -> None:
+        """The store failing while the Region's text is looked up: fail closed."""
+        inner = MemoryStore()
+        store = Faulty(inner, "view")
+        guard = Guard(store=cast(Store, store))
+        guard.record_source(SOURCE, "config_read", "cfg")
+        store.failing = True
+        decision = guard.check(
+            [Region.original("some text the guard has never seen before")], summarizer="p"
+        )
+        assert decision.effect == "deny"
