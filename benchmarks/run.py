@@ -758,9 +758,11 @@ def bench_provenance(report: Report, quick: bool) -> None:
          "hand-written `in` loop, MB/s on CPU", "keyed BLAKE2b alone, MB/s on CPU",
          "one automaton pass alone, MB/s on CPU"],
         rows,
-        "Each granted call records its output; the next call must recognise it. New texts wait "
-        "in a small batch, then join automata that merge by fours; a large input is searched "
-        "in as few passes as pays (see docs/performance.md). Same run, same input: the "
+        "Each granted call records its output; the next call must recognise it. The input was "
+        "searched before: where known texts lie in it is remembered with the index generation "
+        "it is complete for, so the next resolve hashes it once and searches it only for the "
+        "texts indexed since (a `bytes.find` each), not with a pass over every automaton "
+        "(see docs/performance.md). Same run, same input: the "
         "hand-written loop tries `text in input` for each of the 1,000 tracked texts (exact, "
         "O(texts) scans); BLAKE2b is the keyed hash every exact recogniser needs once over the "
         "input; one automaton pass is ahocorasick-rs (DFA) over one anchor of each tracked "
@@ -813,8 +815,8 @@ def bench_incomplete_cache(report: Report, quick: bool) -> None:
         "The ledger's cache holds every turn but is incomplete (two older texts were evicted), "
         "so a message may hold a text only the store knows: each position is looked up by "
         "anchor in the store (every byte position hashed), and where known texts lie is "
-        "remembered per message until the ledger indexes a new text or drops one. The "
-        "reference row sets the cache complete (no store lookups).",
+        "remembered per message until the ledger drops a text (a new text indexed since is "
+        "searched for alone). The reference row sets the cache complete (no store lookups).",
     )
     report.data["incomplete_cache"] = data
 

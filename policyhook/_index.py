@@ -13,6 +13,8 @@ The index returns candidates only; the ledger confirms each by digest.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import ahocorasick_rs
 
 #: Texts shorter than this many bytes are never searched for inside larger strings.
@@ -43,42 +45,77 @@ _FIND_MAX = 8
 #: ... and DFAs (twice as fast to search, ten times dearer to build) are used for levels whose
 #: build costs at most one pass: `size * _DFA_BUILD_BYTES <= len(input)`.
 _DFA_BUILD_BYTES = 4096
+#: Additions `find_added` can search for alone: a caller whose last search is older than this
+#: many additions searches again whole (16 `bytes.find` of a 4 MB input cost about one pass).
+_LOG = 16
 
 Candidate = tuple[int, int, str, bytes]  # (anchor offset in its text, text size, digest, tail)
 
 
 class _Level:
-    """One immutable automaton over a set of anchors."""
+    """One immutable set of anchors, searched with an automaton built on first use.
 
-    __slots__ = ("_dfa", "anchors", "automaton", "candidates", "size", "tier")
+    The anchors are grouped (`anchors`, `candidates`) only when the level is first searched: a
+    level merged into a bigger one before any search (most are, once searches look only for
+    the texts added since: `Index.find_added`) costs a list, not a dict and an automaton."""
+
+    __slots__ = ("_dfa", "_items", "_nfa", "anchors", "candidates", "size", "tier")
 
     def __init__(self, items: list[tuple[bytes, Candidate]], tier: int) -> None:
         self.size = len(items)
         self.tier = tier
-        by_anchor: dict[bytes, list[Candidate]] = {}
-        for anchor, candidate in items:
-            by_anchor.setdefault(anchor, []).append(candidate)
-        self.anchors = list(by_anchor)
-        self.candidates = list(by_anchor.values())
-        self.automaton: ahocorasick_rs.BytesAhoCorasick | None = None
+        self._items: list[tuple[bytes, Candidate]] | None = items
+        self.anchors: list[bytes] = []
+        self.candidates: list[list[Candidate]] = []
+        self._nfa: ahocorasick_rs.BytesAhoCorasick | None = None
         self._dfa: ahocorasick_rs.BytesAhoCorasick | None = None
 
     def items(self) -> list[tuple[bytes, Candidate]]:
+        if self._items is not None:
+            return self._items
         return [(a, c) for a, cs in zip(self.anchors, self.candidates, strict=True) for c in cs]
+
+    def _group(self) -> None:
+        """Group the candidates by anchor, for an automaton (kept instead of the items)."""
+        if self._items is None:
+            return
+        by_anchor: dict[bytes, list[Candidate]] = {}
+        for anchor, candidate in self._items:
+            by_anchor.setdefault(anchor, []).append(candidate)
+        self.anchors = list(by_anchor)
+        self.candidates = list(by_anchor.values())
+        self._items = None
 
     def searcher(self, size: int) -> ahocorasick_rs.BytesAhoCorasick:
         """The automaton to search an input of `size` bytes with (built on first use)."""
+        self._group()
         if self.size * _DFA_BUILD_BYTES <= size:
             if self._dfa is None:
                 self._dfa = ahocorasick_rs.BytesAhoCorasick(
                     self.anchors, implementation=ahocorasick_rs.Implementation.DFA
                 )
             return self._dfa
-        if self.automaton is None:
-            self.automaton = ahocorasick_rs.BytesAhoCorasick(
+        if self._nfa is None:
+            self._nfa = ahocorasick_rs.BytesAhoCorasick(
                 self.anchors, implementation=ahocorasick_rs.Implementation.ContiguousNFA
             )
-        return self.automaton
+        return self._nfa
+
+
+def _placer(
+    data: bytes, found: list[tuple[int, int, str]], dropped: set[str]
+) -> Callable[[int, int, int, str, bytes], None]:
+    """`place(at, *candidate)`: keep in `found` the text an anchor found at `at` points to, if
+    it fits in `data`, its tail agrees and it was not discarded."""
+    size = len(data)
+
+    def place(at: int, offset: int, length: int, digest: str, tail: bytes) -> None:
+        start = at - offset
+        end = start + length
+        if start >= 0 and end <= size and data.endswith(tail, start, end) and digest not in dropped:
+            found.append((start, end, digest))
+
+    return place
 
 
 def _tier(size: int) -> int:
@@ -100,8 +137,11 @@ class Index:
         self._dropped: set[str] = set()  # digests to leave out at the next merge
         #: Texts made findable so far (added, or added again after a discard): a caller that
         #: remembers what `find` gave for an input knows it still stands while this is unchanged
-        #: and nothing was discarded.
+        #: and nothing was discarded, and that `find_added` gives the rest while it is close.
         self.added = 0
+        #: The last `_LOG` additions, oldest first (the last one is addition number `added`),
+        #: each as a batch item to search for with `bytes.find`.
+        self._log: list[tuple[bytes, Candidate]] = []
 
     def __len__(self) -> int:
         return len(self._digests)
@@ -118,14 +158,20 @@ class Index:
         if len(data) < MIN_BYTES or digest in self._digests:
             return
         self.added += 1
+        if len(self._log) >= _LOG:
+            del self._log[0]
         if digest in self._dropped:  # discarded but still in its automaton: find it there again
             self._dropped.discard(digest)  # (a second copy would outlive every merge)
             self._digests.add(digest)
+            # Searched for by its first bytes: any piece of a text finds every place it lies.
+            self._log.append((data[:ANCHOR], (0, len(data), digest, data[-_TAIL:])))
             return
         anchor, offset = self._anchor(data)
         self._used[anchor] = self._used.get(anchor, 0) + 1
         self._digests.add(digest)
-        self._fresh.append((anchor, (offset, len(data), digest, data[-_TAIL:])))
+        item = (anchor, (offset, len(data), digest, data[-_TAIL:]))
+        self._fresh.append(item)
+        self._log.append(item)
         if len(self._fresh) >= _BATCH:
             self._fold()
 
@@ -142,11 +188,11 @@ class Index:
             if any(level.tier != tier for level in group):
                 break
             del self._levels[-_FANOUT:]
-            kept = [i for level in group for i in level.items() if self._keep(i)]
+            kept = self._kept(group)
             if kept:
                 self._levels.append(_Level(kept, _tier(len(kept))))
         if len(self._dropped) > max(len(self._digests), _BATCH):
-            kept = [i for level in self._levels for i in level.items() if self._keep(i)]
+            kept = self._kept(self._levels)
             self._levels = [_Level(kept, _tier(len(kept)))] if kept else []
 
     def discard(self, digest: str) -> None:
@@ -164,6 +210,12 @@ class Index:
             if anchor not in self._used:
                 return anchor, offset
         return data[last:], last  # the tail: unique unless the texts are all but identical
+
+    def _kept(self, levels: list[_Level]) -> list[tuple[bytes, Candidate]]:
+        """The items of `levels` not discarded (all, copied at C speed, when none was)."""
+        if not self._dropped:
+            return [i for level in levels for i in level.items()]
+        return [i for level in levels for i in level.items() if self._keep(i)]
 
     def _keep(self, item: tuple[bytes, Candidate]) -> bool:
         anchor, (_, _, digest, _) = item
@@ -193,31 +245,42 @@ class Index:
                     fresh.extend(level.items())
                 else:
                     levels.append(level)
-        dropped = self._dropped
-
-        def place(at: int, offset: int, length: int, digest: str, tail: bytes) -> None:
-            """Keep the text an anchor found at `at` points to, if it fits and its tail agrees."""
-            start = at - offset
-            end = start + length
-            if (
-                start >= 0
-                and end <= size
-                and data.endswith(tail, start, end)
-                and digest not in dropped
-            ):
-                found.append((start, end, digest))
+        place = _placer(data, found, self._dropped)
 
         for level in levels:
+            searcher = level.searcher(size)  # (groups `candidates`)
             candidates = level.candidates
-            for index, at, _ in level.searcher(size).find_matches_as_indexes(
-                data, overlapping=True
-            ):
+            for index, at, _ in searcher.find_matches_as_indexes(data, overlapping=True):
                 for candidate in candidates[index]:
                     place(at, *candidate)
         for anchor, candidate in fresh:
             at = data.find(anchor)
             while at != -1:
                 place(at, *candidate)
+                at = data.find(anchor, at + 1)
+        return found
+
+    def find_added(self, data: bytes, since: int) -> list[tuple[int, int, str]] | None:
+        """What `find(data)` gives for the texts added after addition number `since` (the
+        `added` of an earlier search of the same input), with a `bytes.find` each; None when
+        more were added than the log holds (then search whole). The caller's earlier result
+        stands only while nothing was discarded since (a discarded text may be in it)."""
+        count = self.added - since
+        if count < 0 or count > len(self._log):
+            return None
+        found: list[tuple[int, int, str]] = []
+        if count == 0 or len(data) < MIN_BYTES:
+            return found
+        digests, dropped, size = self._digests, self._dropped, len(data)
+        for anchor, (offset, length, digest, tail) in self._log[len(self._log) - count :]:
+            if digest not in digests or digest in dropped:
+                continue
+            at = data.find(anchor)
+            while at != -1:  # (as `place` in `find`)
+                start = at - offset
+                end = start + length
+                if start >= 0 and end <= size and data.endswith(tail, start, end):
+                    found.append((start, end, digest))
                 at = data.find(anchor, at + 1)
         return found
 
@@ -230,7 +293,7 @@ class Index:
         if sum(level.size for level in self._levels) * _BUILD_BYTES <= size * (
             len(self._levels) - 1
         ):
-            kept = [i for level in self._levels for i in level.items() if self._keep(i)]
+            kept = self._kept(self._levels)
             self._levels = [_Level(kept, _tier(len(kept)))] if kept else []
             return
         if len(self._levels) < 3:
@@ -239,7 +302,7 @@ class Index:
         rest = [level for level in self._levels if level is not largest]
         if sum(level.size for level in rest) * _BUILD_BYTES > size * (len(rest) - 1):
             return
-        kept = [i for level in rest for i in level.items() if self._keep(i)]
+        kept = self._kept(rest)
         self._levels = [largest]
         if kept:
             self._levels.append(_Level(kept, max(level.tier for level in rest)))

@@ -961,11 +961,13 @@ class Ledger:
         """(start, -length, digest) of every known text in `data`, in order: found by the index,
         and while the cache is incomplete by the store (`_ask_store`, every position hashed).
 
-        Remembered per message digest: what the store found stands until the epoch moves (a
-        text discarded from the index, or known with no text to index), and what the index found
-        until it adds a text. Texts the store learns from other processes come through `since`
-        and are indexed (or move the epoch) before they can be missed, so a remembered "not
-        there" never hides one. Not used while the store is down: then the call fails closed."""
+        Remembered per message digest with the index's addition count it is complete for:
+        until the epoch moves (a text discarded from the index, or known with no text to index)
+        the index only grows, so what was found stands and a later resolve searches only for
+        the texts added since (`Index.find_added`, a `bytes.find` each), not the whole index
+        again. Texts the store learns from other processes come through `since` and are indexed
+        (or move the epoch) before they can be missed, so a remembered "not there" never hides
+        one. Not used while the store is down: then the call fails closed."""
         failing = isinstance(self._reader, _Failing)
         memo = None if failing else self._splits.get(key)
         epoch, added = self._epoch, self._index.added
@@ -974,6 +976,15 @@ class Ledger:
             self._splits.move_to_end(key)
             if memo[1] == added:
                 return memo[3]
+            new = self._index.find_added(data, memo[1])
+            if new is not None:  # only the texts added since: what was found stands
+                ordered, recipe = memo[3], memo[4]
+                added_hits = self._confirmed(data, new)
+                if added_hits:
+                    ordered = tuple(sorted({*ordered, *((s, s - e, d) for s, e, d in added_hits)}))
+                    recipe = None
+                self._splits[key] = (epoch, added, memo[2], ordered, recipe)
+                return ordered
             stored = memo[2]
         hits = self._confirmed(data, self._index.find(data))
         if stored is None:

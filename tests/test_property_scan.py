@@ -1,0 +1,142 @@
+"""Property: what the ledger remembers of a message never hides a known text in it.
+
+The ledger remembers, per message digest, where known texts lie and the index generation that
+answer is complete for; a later resolve of the same message searches only for the texts indexed
+since (`Index.find_added`), and only a discard or a text it cannot index (`Ledger._epoch`) makes
+it search again whole. A hypothesis state machine records sources and summaries (texts sharing
+a long prefix, embedded in others, overlapping others' ends, short, non-ASCII) from this ledger
+(a tiny cache: discards) and from another one on the same SQLite file (a second process),
+summarizes messages into summaries (chains), and resolves the same few messages
+again and again, alone, side by side, and padded past `_LARGE_INPUT`. The oracle is a new
+ledger over the same store, which remembers nothing: both must give the same resolution.
+Fixed budget, derandomized: CI stays bounded.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from policyhook import Region, SQLiteStore
+from policyhook._index import _LARGE_INPUT, _LOG
+from policyhook._provenance import Ledger, Resolution
+
+#: A prefix longer than an anchor (32 bytes): texts starting with it are anchored further in.
+HEADER = "tool output header shared by the nightly jobs: "
+_BASE = [
+    HEADER + "retry ceiling is seven",
+    HEADER + "retry ceiling is eight",
+    "summary of the deploy window and its backoff jitter settings",
+    "jitter settings were tuned again; the deploy window is closed now",
+    "ok fine",  # short: recognised only as a whole message
+    "café au lait: the billing window reopened for everyone",  # not ASCII
+]
+#: Every text a step may record, built from the ones above: each index names one text forever.
+TEXTS = [
+    *_BASE,
+    "quoting: " + _BASE[2] + " / " + _BASE[0],  # embeds two
+    _BASE[2][-24:] + " and then unrelated words go on",  # starts inside another's end
+    _BASE[0] + " and the rest of that report",  # another is its prefix (longest first)
+    "billing window reopened for everyone and the café closed",  # overlaps 5's end
+    _BASE[3] + _BASE[4],  # ends with a short text
+    "a twelfth text, plain, about the backoff of the retry loop",
+    "summary of the deploy window",  # a prefix of 2
+]
+#: Recorded as summaries (outputs) or as sources, never both: a text registered as a source and
+#: later recorded as a summary is another question (the lead's report says which).
+SUMMARIES = [0, 1, 2, 5, 8, 9, 12]
+SOURCES = [3, 4, 6, 7, 10, 11]
+FILLER = ["", " ", "\n", "plain words between the known texts. ", "café ", "x" * 40]
+
+
+class Scan(RuleBasedStateMachine):
+    """Two ledgers on one SQLite file; the first's remembered splits against a fresh ledger."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = tempfile.TemporaryDirectory()
+        path = Path(self.tmp.name) / "store.sqlite"
+        self.stores = [SQLiteStore(path), SQLiteStore(path)]
+        self.messages: list[str] = [TEXTS[2] + " then " + TEXTS[0]]
+
+    @initialize(max_texts=st.sampled_from([1, 2, 3, 6, 65_536]))
+    def setup(self, max_texts: int) -> None:
+        self.ledger = Ledger(self.stores[0], max_texts=max_texts)
+        self.other = Ledger(self.stores[1])
+
+    def teardown(self) -> None:
+        for store in self.stores:
+            store.close()
+        self.tmp.cleanup()
+
+    def by(self, here: bool) -> Ledger:
+        return self.ledger if here else self.other
+
+    @rule(text=st.sampled_from(SOURCES), here=st.booleans())
+    def record_source(self, text: int, here: bool) -> None:
+        self.by(here).record_source(TEXTS[text], "tool_output", f"src{text}")
+
+    @rule(text=st.sampled_from(SUMMARIES), here=st.booleans(), base=st.integers(0, 3))
+    def record_summary(self, text: int, here: bool, base: int) -> None:
+        region = Region(f"r{base}", sources=frozenset({f"base{base}"}))
+        self.by(here).record_summary(TEXTS[text], region, "w")
+
+    @rule(text=st.sampled_from(SUMMARIES), here=st.booleans(), message=st.integers(0, 7))
+    def summarize(self, text: int, here: bool, message: int) -> None:
+        """A granted call: a message resolved, and a text recorded as its summary (chains)."""
+        ledger = self.by(here)
+        region = ledger.resolve(self.messages[message % len(self.messages)], "w").region
+        ledger.record_summary(TEXTS[text], region, "w")
+
+    @rule(count=st.integers(_LOG - 2, _LOG + 2), here=st.booleans())
+    def many_new_texts(self, count: int, here: bool) -> None:
+        """About as many new texts as the index's log holds, none in any message."""
+        region = Region("r-many", sources=frozenset({"base-many"}))
+        start = len(self.messages) * 1000 + count
+        for i in range(count):
+            text = f"a new output number {start + i} that no message holds"
+            self.by(here).record_summary(text, region, "w")
+
+    @precondition(lambda self: len(self.messages) < 8)
+    @rule(
+        parts=st.lists(
+            st.one_of(st.integers(0, len(TEXTS) - 1), st.sampled_from(FILLER)),
+            min_size=1,
+            max_size=5,
+        )
+    )
+    def compose(self, parts: list[int | str]) -> None:
+        """A new message: known texts and filler side by side, some with nothing between."""
+        self.messages.append("".join(TEXTS[p] if isinstance(p, int) else p for p in parts))
+
+    @rule(
+        picked=st.lists(st.integers(0, 7), min_size=1, max_size=3),
+        large=st.sampled_from([False, False, False, True]),
+    )
+    def resolve(self, picked: list[int], large: bool) -> None:
+        """The same messages again: equal to what a ledger remembering nothing resolves."""
+        value = [self.messages[i % len(self.messages)] for i in picked]
+        if large:  # past `_LARGE_INPUT`: levels merged, a pass per level, small ones `find`
+            value = ["plain padding words. " * (_LARGE_INPUT // 21 + 1) + value[0], *value[1:]]
+        got = self.ledger.resolve(value, "w")
+        fresh = Ledger(self.stores[0]).resolve(value, "w")
+        assert got.failure is None and fresh.failure is None
+        assert _seen(got) == _seen(fresh)
+
+
+def _seen(found: Resolution) -> tuple[object, ...]:
+    return found.region, found.unregistered, found.summaries
+
+
+Scan.TestCase.settings = settings(
+    max_examples=60,
+    stateful_step_count=40,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestScan = Scan.TestCase
