@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import time
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from policyhook import Guard, MemoryStore, SQLiteStore
 from policyhook._backends import default_backend
 from policyhook._loader import compile_sources
 from policyhook._policy import PolicySet
-from policyhook._provenance import _CLOSURES, _Closures
+from policyhook._provenance import _CLOSURES, Source, _Closures
 from policyhook.testing import capture_decisions
 
 #: The default policy's input rule in audit mode: a chain with a dead source goes on (the
@@ -129,6 +130,50 @@ class TestClosuresOutOfTheGCsSight:
         assert len(closures) == _CLOSURES and closures.get("s1") is None
         closures.clear()
         assert len(closures) == 0 and closures.get(f"x{2 * _CLOSURES - 1}") is None
+
+
+class TestLivenessOfARollingChain:
+    """Every source held: the store answers with the region's own set (nothing k-sized
+    made); one dead: exactly the held ones."""
+
+    def stores(self, tmp_path: Path) -> Iterator[Any]:
+        yield MemoryStore()
+        sqlite = SQLiteStore(tmp_path / "s.db")
+        yield sqlite
+        sqlite.close()
+
+    def test_all_held_is_the_same_set_and_one_evicted_is_left_out(self, tmp_path: Path) -> None:
+        for store in self.stores(tmp_path):
+            ids = frozenset(f"src-{i}" for i in range(50))
+            for i in ids:
+                store.put_source(Source(i, "tool_output"), f"the text of {i}")
+            assert store.live(ids) == ids  # (SQLite: its cache filled by this first read)
+            assert store.live(ids) is ids
+            view = store.view(0, 1024, [], ids)
+            assert view.live == ids
+            assert store.view(view.cursor, 1024, [], ids).live is ids
+            store.evict("src-7")
+            assert store.live(ids) == ids - {"src-7"}
+            assert store.view(view.cursor, 1024, [], ids).live == ids - {"src-7"}
+            assert store.live(sorted(ids)) == ids - {"src-7"}  # not a set: the same answer
+            assert store.live(ids | {"never-put"}) == ids - {"src-7"}
+
+    def test_an_eviction_by_another_handle_is_seen_at_once(self, tmp_path: Path) -> None:
+        """SQLite answers a chain's liveness from its cache while no other connection
+        committed; another handle's eviction is seen by the next view and live()."""
+        store, other = SQLiteStore(tmp_path / "s.db"), SQLiteStore(tmp_path / "s.db")
+        ids = frozenset(f"src-{i}" for i in range(50))
+        for i in ids:
+            store.put_source(Source(i, "tool_output"), f"the text of {i}")
+        store.live(ids)
+        cursor = store.view(0, 1024, [], ids).cursor
+        assert store.view(cursor, 1024, [], ids).live is ids
+        other.evict("src-8")
+        assert store.view(cursor, 1024, [], ids).live == ids - {"src-8"}
+        other.evict("src-9")
+        assert store.live(ids) == ids - {"src-8", "src-9"}
+        store.close()
+        other.close()
 
 
 # -- the property: rolling chains against a from-scratch oracle -----------------------------------
