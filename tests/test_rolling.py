@@ -132,6 +132,48 @@ class TestClosuresOutOfTheGCsSight:
         assert len(closures) == 0 and closures.get(f"x{2 * _CLOSURES - 1}") is None
 
 
+class TestAClosureTheStoreGaveOutgrown:
+    """A worker that did not cache a summary's parent took the summary's closure from the
+    store and kept it. The parent was then recorded again elsewhere (the same output from
+    another input), so the summary rests on more sources; the worker learnt the parent's new
+    record as a text new to its cache, which cleared nothing, and decided on the old closure:
+    it allowed the summary after a source it now rests on was evicted. Such closures now go
+    when a summary new to the cache arrives, and the decision that brought it is redone."""
+
+    @pytest.mark.parametrize(
+        ("max_texts", "fillers", "between"), [(1, 0, False), (2, 1, True), (6, 5, True)]
+    )
+    def test_a_parent_recorded_again_elsewhere_is_seen(
+        self, max_texts: int, fillers: int, between: bool
+    ) -> None:
+        store = MemoryStore()
+        worker, other = Guard(store=store), Guard(store=store, max_texts=max_texts)
+        texts = [
+            "config read: the deploy window opens in the morning on weekdays",
+            "tool output: the billing files changed today, three of them",
+            "user turn: the retry ceiling is seven for the billing job, says ops",
+        ]
+        for i, text in enumerate(texts):
+            worker.record_source(text, "tool_output", f"src{i + 1}")
+        parent = "Summary A: nothing changed that matters for the deploy."
+        worker(lambda v: parent, summarizer="s")(texts[0])
+        summary = "Summary S: the billing files changed; otherwise nothing new."
+        worker(lambda v: summary, summarizer="s")([parent, texts[1]])
+        other.check([summary], summarizer="p")  # takes the summary's closure from the store
+        for i in range(fillers):
+            worker.record_source(f"another long registered text {i} for the cache", "user_turn")
+            if between:
+                other.check([f"an unrelated new turn {i}, long enough to search"], summarizer="p")
+        assert other.check([summary], summarizer="p").effect == "allow"
+        worker(lambda v: parent, summarizer="s")(texts[2])  # the parent now rests on src3 too
+        for i in range(0 if between else fillers):
+            worker.record_source(f"more long registered text {i} for the cache", "user_turn")
+        store.evict("src3")
+        assert worker.check([summary], summarizer="p").effect == "deny"
+        assert other.check([summary], summarizer="p").effect == "deny"
+        assert "src3" in other.provenance([summary]).sources
+
+
 class TestLivenessOfARollingChain:
     """Every source held: the store answers with the region's own set (nothing k-sized
     made); one dead: exactly the held ones."""
@@ -186,6 +228,10 @@ OPS = st.lists(
         st.tuples(st.just("revive"), st.integers(0, 60)),  # put the n-th turn's text again
         st.tuples(st.just("wait"), st.sampled_from([10.0, 60.0, 101.0])),  # expiries
         st.tuples(st.just("restart"), st.just(0)),  # a new guard (and handle) on the store
+        # Another worker records one of chain 0's or 1's last three summaries again, as the
+        # output of a call on a new turn: the chain then rests on that turn too (merged
+        # provenance: every later summary of the chain rests on the one recorded again).
+        st.tuples(st.just("again"), st.tuples(st.integers(0, 1), st.integers(0, 2))),
     ),
     min_size=1,
     max_size=30,
@@ -204,13 +250,16 @@ class _Oracle:
     def __init__(self) -> None:
         self.put_at: dict[str, float] = {}  # turn id -> when last put (TTL counts from it)
         self.evicted: set[str] = set()
-        self.chains: list[list[str]] = [[], []]  # the turn ids each chain rests on, in order
+        self.chains: list[set[str]] = [set(), set()]  # the turn ids each chain rests on
+        self.passes = [0, 0]  # each chain's passes: its last summary's depth
 
-    def dead(self, ids: list[str], now: float) -> set[str]:
+    def dead(self, ids: set[str], now: float) -> set[str]:
         return {i for i in ids if i in self.evicted or self.put_at[i] + TTL <= now}
 
 
-def run_chains(store_kind: str, ops: list[tuple[str, Any]], max_texts: int, tmp: Path) -> None:
+def run_chains(
+    store_kind: str, ops: list[tuple[str, Any]], max_texts: int, other_max: int, tmp: Path
+) -> None:
     clock = [1_000_000.0]
     fake = types.SimpleNamespace(
         time=lambda: clock[0], monotonic=lambda: clock[0], sleep=time.sleep
@@ -222,11 +271,13 @@ def run_chains(store_kind: str, ops: list[tuple[str, Any]], max_texts: int, tmp:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("policyhook.stores.time", fake)
-        store = open_store()
+        store, handle = open_store(), open_store() if store_kind == "sqlite" else None
         guard = Guard(audit_policies(), store=store, max_texts=max_texts)
+        other = Guard(audit_policies(), store=handle or store, max_texts=other_max)
         oracle = _Oracle()
         texts: list[tuple[str, str]] = []  # (turn id, text) in the order put
         lasts: list[str | None] = [None, None]
+        made: list[list[str]] = [[], []]  # each chain's summaries, in order
         for step, (op, arg) in enumerate(ops):
             if op == "pass":
                 text = f"user turn {step}: the deploy of service {step} moved to a later window"
@@ -235,14 +286,16 @@ def run_chains(store_kind: str, ops: list[tuple[str, Any]], max_texts: int, tmp:
                 oracle.put_at[source.id] = clock[0]
                 oracle.evicted.discard(source.id)
                 chain = oracle.chains[arg]
-                chain.append(source.id)
+                chain.add(source.id)
+                oracle.passes[arg] += 1
                 value = [text] if lasts[arg] is None else [lasts[arg], text]
                 out = f"summary {step} of chain {arg}: all of its turns so far"
                 with capture_decisions(guard, phase="input") as seen, _window(f"w{arg}"):
                     lasts[arg] = guard(lambda m, out=out: out, summarizer="s")(value)
+                made[arg].append(out)
                 ((decision, _),) = seen
                 # The pass decided on the chain's region as of now: every turn so far.
-                assert decision.depth == len(chain) - 1
+                assert decision.depth == oracle.passes[arg] - 1
                 assert set(decision.dead_sources) == oracle.dead(chain, clock[0])
             elif op == "evict" and texts:
                 source_id = texts[arg % len(texts)][0]
@@ -257,36 +310,56 @@ def run_chains(store_kind: str, ops: list[tuple[str, Any]], max_texts: int, tmp:
             elif op == "wait":
                 clock[0] += arg
             elif op == "restart":
-                if store_kind == "sqlite":
+                if handle is not None:
                     store.close()
-                    store = open_store()
+                    handle.close()
+                    store, handle = open_store(), open_store()
                 guard = Guard(audit_policies(), store=store, max_texts=max_texts)
+                other = Guard(audit_policies(), store=handle or store, max_texts=other_max)
+            elif op == "again" and made[arg[0]]:
+                chain_index, back = arg
+                text = f"another worker's turn {step}: a deploy note from elsewhere entirely"
+                source = other.record_source(text, kind="user_turn")
+                texts.append((source.id, text))
+                oracle.put_at[source.id] = clock[0]
+                oracle.evicted.discard(source.id)
+                oracle.chains[chain_index].add(source.id)
+                same = made[chain_index][-1 - min(back, len(made[chain_index]) - 1)]
+                with _window("elsewhere"):
+                    assert other(lambda m, same=same: same, summarizer="s")([text]) == same
             for index, last in enumerate(lasts):
                 if last is None:
                     continue
                 chain = oracle.chains[index]
-                region = guard.provenance([last])
-                assert region.sources == frozenset(chain)
-                assert region.depth == len(chain)
-                decision = guard.check([last], summarizer="p")
-                assert set(decision.dead_sources) == oracle.dead(chain, clock[0])
                 dead = oracle.dead(chain, clock[0])
-                assert decision.effect == ("would_deny" if dead else "allow")
-        if store_kind == "sqlite":
+                for deciding in (guard, other):
+                    region = deciding.provenance([last])
+                    assert region.sources == frozenset(chain)
+                    assert region.depth == oracle.passes[index]
+                    decision = deciding.check([last], summarizer="p")
+                    assert set(decision.dead_sources) == dead
+                    assert decision.effect == ("would_deny" if dead else "allow")
+        if handle is not None:
             store.close()
+            handle.close()
 
 
 class TestRollingChainsAgainstAnOracle:
     """Each chain's region (sources, depth) and dead sources, after every step, equal what
-    the oracle computes from scratch, through evictions, expiries, revivals and restarts, with
-    a text cache big enough for everything or far too small."""
+    the oracle computes from scratch, through evictions, expiries, revivals, restarts and
+    another worker recording a chain's summary again, seen by both workers, each with a text
+    cache big enough for everything or far too small."""
 
     @PROPERTY
-    @given(ops=OPS, max_texts=st.sampled_from([3, 65_536]))
-    def test_memory_store(self, ops: list[tuple[str, Any]], max_texts: int, tmp_path: Path) -> None:
-        run_chains("memory", ops, max_texts, tmp_path)
+    @given(ops=OPS, max_texts=st.sampled_from([3, 65_536]), other=st.sampled_from([2, 65_536]))
+    def test_memory_store(
+        self, ops: list[tuple[str, Any]], max_texts: int, other: int, tmp_path: Path
+    ) -> None:
+        run_chains("memory", ops, max_texts, other, tmp_path)
 
     @PROPERTY
-    @given(ops=OPS, max_texts=st.sampled_from([3, 65_536]))
-    def test_sqlite_store(self, ops: list[tuple[str, Any]], max_texts: int, tmp_path: Path) -> None:
-        run_chains("sqlite", ops, max_texts, tmp_path)
+    @given(ops=OPS, max_texts=st.sampled_from([3, 65_536]), other=st.sampled_from([2, 65_536]))
+    def test_sqlite_store(
+        self, ops: list[tuple[str, Any]], max_texts: int, other: int, tmp_path: Path
+    ) -> None:
+        run_chains("sqlite", ops, max_texts, other, tmp_path)
