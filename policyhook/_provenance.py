@@ -27,7 +27,7 @@ _logger = logging.getLogger("policyhook")
 MIN_EMBEDDED_CHARS = MIN_BYTES
 #: Kind given to content the ledger did not recognise (it rests on no registered source).
 UNREGISTERED = "window"
-#: Summaries whose full source sets are kept in memory (most recently used).
+#: Summaries whose full source sets are kept in memory (most recently used; `_Closures`).
 _CLOSURES = 256
 #: Messages whose known texts found are remembered for the next input holding them (most recently
 #: used): a chat resent with one more turn is not searched, nor asked of the store, again.
@@ -456,7 +456,7 @@ class Ledger:
         self._made_of: OrderedDict[str, tuple[tuple[str, ...], frozenset[str]]] = OrderedDict()
         # Source sets of recently recorded or resolved summaries: a rolling chain's next pass
         # reuses its parent's instead of walking the chain.
-        self._closures: OrderedDict[str, frozenset[str]] = OrderedDict()
+        self._closures = _Closures()
         self._region_ids: dict[str, str] = {}  # joined digests of recent inputs -> region id
         # Where known texts lie in recently split messages, by message digest (`_found`).
         self._splits: OrderedDict[str, _Split] = OrderedDict()
@@ -555,7 +555,7 @@ class Ledger:
                     del self._unwritten[key]
                 if stored is not entry and stored != entry:  # merged with another record
                     self._learn(stored, encode(text))
-                    self._closures.pop(stored.id, None)
+                    self._closures.pop(stored.id)
 
     def _refuse_taken(self, source: Source, text_digest: str) -> None:
         """Raise `SourceIdConflictError` when `source.id` is known to name another text than
@@ -668,9 +668,10 @@ class Ledger:
             with self._lock:
                 self._learn(entry, data)
                 if merged:
-                    self._closures.pop(entry.id, None)
+                    self._closures.pop(entry.id)
                 else:  # recorded as built: it rests on exactly what it summarized
-                    self._closure(entry.id, region.sources)
+                    anchored = self._closures.anchored(entry.parents)
+                    self._closure(entry.id, region.sources, entry.parents, anchored=anchored)
                 if window in self._windows:
                     self._windows[window] = max(self._windows[window], region.depth)
         return region
@@ -1068,26 +1069,39 @@ class Ledger:
         resolved, else walked in memory, else asked of the store if a parent is not cached."""
         known = self._closures.get(entry.id)
         if known is not None:
-            self._closures.move_to_end(entry.id)
             return known
-        known = self._walk(entry)
-        self._closure(entry.id, known)
-        return known
+        walked = self._walk(entry)
+        if walked is None:  # a summary it rests on is not cached: the store walks it
+            known = self._reader.rests_on([entry.id])[entry.id]
+            self._closure(entry.id, known)
+            return known
+        self._closure(entry.id, walked, anchored=True)
+        return walked
 
-    def _closure(self, summary_id: str, sources: frozenset[str]) -> None:
-        self._closures[summary_id] = sources
-        self._closures.move_to_end(summary_id)
-        while len(self._closures) > _CLOSURES:
-            self._closures.popitem(last=False)
+    def _closure(
+        self,
+        summary_id: str,
+        sources: frozenset[str],
+        parents: Collection[str] = (),
+        *,
+        anchored: bool = False,
+    ) -> None:
+        """Remember what a summary rests on; `parents`: the summaries it was made from, when
+        it was just recorded (their closures are dropped: see `_Closures.put`). `anchored`:
+        every summary it rests on was cached when it was made (walked here, or recorded on
+        anchored parents), so any growth of one is seen (`_remember`); a closure the store
+        gave is not, and goes when a summary new to the cache arrives."""
+        self._closures.put(summary_id, sources, parents, anchored)
 
-    def _walk(self, entry: Entry) -> frozenset[str]:
+    def _walk(self, entry: Entry) -> frozenset[str] | None:
+        """What a summary rests on, from the cached entries; None if one is not cached."""
         sources: set[str] = set(entry.sources)
         seen = set(entry.parents)
         todo = list(entry.parents)
         while todo:
             parent = self._summaries.get(todo.pop())
             if parent is None:
-                return self._reader.rests_on([entry.id])[entry.id]
+                return None
             sources.update(parent.sources)
             for grand in parent.parents:
                 if grand not in seen:
@@ -1131,6 +1145,11 @@ class Ledger:
         grew = earlier is not None and earlier is not entry and earlier != entry
         if grew:  # merged: it and what rests on it grew
             self._closures.clear()
+        elif earlier is None and entry.depth > 0:
+            # A summary new to the cache may have been recorded again elsewhere (grown), and a
+            # closure the store gave may rest on it: those go. (Anchored ones rest only on
+            # summaries cached since they were made, whose growth is seen above.)
+            self._closures.drop_unanchored()
         self._entries[entry.digest] = entry
         self._entries.move_to_end(entry.digest)
         if entry.depth > 0:
@@ -1169,8 +1188,10 @@ class Ledger:
     ) -> bool:
         """Learn entries recorded elsewhere (`since`); True when one may change what `within`
         (an input) is made of: it changed a cached entry, or its text is in the input, or it
-        cannot be looked for (no text)."""
+        cannot be looked for (no text), or it dropped closures (a summary of the input may
+        rest on one that grew)."""
         changed = False
+        drops = self._closures.drops
         for entry, text in items:
             if entry.depth > 0 and entry.window in self._windows:  # a deeper pass elsewhere
                 self._windows[entry.window] = max(self._windows[entry.window], entry.depth)
@@ -1196,7 +1217,7 @@ class Ledger:
                     self._complete = False
                     self._epoch += 1
                     changed = True
-        return changed
+        return changed or self._closures.drops != drops
 
 
 #: One step of how a message splits (`Ledger._recipe`): (_TEXT, digest, chars, 0, _NO_PART) for
@@ -1213,6 +1234,101 @@ _Split = tuple[
     tuple[tuple[int, int, str], ...],
     tuple[_Op, ...] | None,
 ]
+
+
+class _Closures:
+    """The source sets of recently recorded or resolved summaries (at most `_CLOSURES`), so a
+    summary resolved again is not walked. Exact only while no summary they rest on grows: the
+    ledger clears them when one may have (`Ledger._remember`).
+
+    Kept out of the cyclic GC's sight: a frozenset is visited item by item at every collection
+    of its generation, so 256 closures of a k-pass rolling chain made each collection cost
+    256 k visits (the chain's p99 was its collections: 1-3 ms young, 4-16 ms middle, k = 3,000).
+    The newest closure stays the frozenset regions share, so a rolling chain's next pass takes
+    it as it is; an older one is kept as a dict of its ids (`dict.fromkeys`: a dict holding
+    only str keys and None values is never tracked) and made a frozenset again when asked for.
+    A summary just recorded replaces its parents' closures (a chain's next pass needs only
+    its own), so a rolling chain keeps one closure, and nothing is copied on its hot path.
+    """
+
+    __slots__ = ("_head", "_head_id", "_older", "_unanchored", "drops")
+
+    def __init__(self) -> None:
+        self._head_id: str | None = None
+        self._head: frozenset[str] = frozenset()
+        self._older: OrderedDict[str, dict[str, None]] = OrderedDict()  # LRU, untracked values
+        # Ids whose closure rests on summaries that were not all cached (`Ledger._closure`).
+        self._unanchored: set[str] = set()
+        self.drops = 0  # times closures were dropped as possibly outgrown (`Ledger._take`)
+
+    def __len__(self) -> int:
+        return len(self._older) + (self._head_id is not None)
+
+    def get(self, summary_id: str) -> frozenset[str] | None:
+        if summary_id == self._head_id:
+            return self._head
+        older = self._older.get(summary_id)
+        if older is None:
+            return None
+        self._older.move_to_end(summary_id)
+        return frozenset(older)
+
+    def put(
+        self,
+        summary_id: str,
+        sources: frozenset[str],
+        parents: Collection[str] = (),
+        anchored: bool = False,
+    ) -> None:
+        """`sources` becomes the newest closure; the one it displaces is kept in the older ones
+        unless it is one of `parents` (the summaries `summary_id` was just made from)."""
+        head_id = self._head_id
+        if head_id is not None and head_id != summary_id:
+            if head_id in parents:
+                self._unanchored.discard(head_id)
+            else:
+                self._older[head_id] = dict.fromkeys(self._head)
+                self._older.move_to_end(head_id)
+        for parent in parents:
+            if self._older.pop(parent, None) is not None:
+                self._unanchored.discard(parent)
+        self._older.pop(summary_id, None)
+        self._head_id, self._head = summary_id, sources
+        if anchored:
+            self._unanchored.discard(summary_id)
+        else:
+            self._unanchored.add(summary_id)
+        while len(self._older) >= _CLOSURES:
+            self._unanchored.discard(self._older.popitem(last=False)[0])
+
+    def anchored(self, summary_ids: Iterable[str]) -> bool:
+        """Whether each of `summary_ids` has a closure here that is anchored."""
+        return all(
+            (i == self._head_id or i in self._older) and i not in self._unanchored
+            for i in summary_ids
+        )
+
+    def drop_unanchored(self) -> None:
+        if self._unanchored:
+            self.drops += 1
+        for summary_id in self._unanchored:
+            if summary_id == self._head_id:
+                self._head_id, self._head = None, frozenset()
+            self._older.pop(summary_id, None)
+        self._unanchored.clear()
+
+    def pop(self, summary_id: str) -> None:
+        if summary_id == self._head_id:
+            self._head_id, self._head = None, frozenset()
+        self._older.pop(summary_id, None)
+        self._unanchored.discard(summary_id)
+
+    def clear(self) -> None:
+        if self._head_id is not None or self._older:
+            self.drops += 1
+        self._head_id, self._head = None, frozenset()
+        self._older.clear()
+        self._unanchored.clear()
 
 
 class _Deferred:

@@ -253,6 +253,17 @@ class TestSQLite:
         assert store.view(0, 1, [], ["s1"]).live == frozenset()
         store.close()
 
+    def test_checkpoints_come_every_4096_wal_pages_on_every_connection(
+        self, tmp_path: Path
+    ) -> None:
+        """SQLite's default (1,000 pages) put a checkpoint in 1 of ~55 agent-loop calls (its
+        p99); the interval holds on a forked child's new connection too."""
+        store = SQLiteStore(tmp_path / "ph.db")
+        assert store._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 4096
+        store._after_fork()
+        assert store._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 4096
+        store.close()
+
     def test_a_decision_asks_only_the_ids_its_cache_lacks(self, tmp_path: Path) -> None:
         """While no other connection commits, a view asks SQLite only for ids it has not cached
         (a rolling chain's k sources are k dictionary reads, not a k-row join); after another
