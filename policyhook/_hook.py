@@ -137,6 +137,11 @@ class GuardedCall:
     decision) or a remedy may replace it, without changing how callers use the seam.
     """
 
+    __slots__ = (
+        "_activation", "_guard", "_input", "_outcome", "_resolution", "_span", "_value",
+        "decision", "grounding", "request", "summarizer",
+    )  # fmt: skip
+
     def __init__(
         self,
         guard: Guard,
@@ -183,9 +188,10 @@ class GuardedCall:
             text = value if type(value) is str else _joined(value)  # a str input: as it is
             if remedies.POINTER_PREFIX in text:
                 output = cast(T, remedies.carried(_shapes.read(value), output))
-        # output-phase policies decide before anything is recorded (UnsafeRecompactionError)
-        output = self._guard._check_output(output, self)
-        self._outcome = self._guard._record(output, self._resolution, self.request.window, self)
+        guard = self._guard
+        if guard.policies.checks_output:  # they decide before anything is recorded (raising)
+            output = guard._check_output(output, self)
+        self._outcome = guard._record(output, self._resolution, self.request.window, self)
         return output
 
     def _end(self, outcome: Outcome) -> None:
@@ -527,13 +533,9 @@ class Guard:
             def call(
                 args: tuple[Any, ...], kwargs: dict[str, Any]
             ) -> AbstractContextManager[GuardedCall]:
-                return self.guarding(
-                    spec.input(args, kwargs),
-                    summarizer=spec.name,
-                    request=spec.request(),
-                    lossless=spec.lossless,
-                    idempotent=spec.idempotent,
-                )
+                """`self.guarding(input, ...)` for this call (its block, made directly)."""
+                value, request = spec.input(args, kwargs), spec.request()
+                return _Guarding(self, value, spec.name, request, spec.lossless, spec.idempotent)
 
             if inspect.iscoroutinefunction(fn):
 
@@ -824,7 +826,11 @@ class Guard:
         resolution = self.ledger.resolve(value, req.window)
         region = resolution.region
         depth = self._window_depth(req.window, span)
-        live = self._live(resolution, span) if depth is not None else frozenset[str]()
+        live = resolution.live  # read with the provenance, the usual case
+        if depth is None:  # the store is unreachable: every source dead
+            live = frozenset()
+        elif live is None or not region.sources:
+            live = self._live(resolution, span)
         activation = schema.build(
             region,
             live,
@@ -838,12 +844,13 @@ class Guard:
             summarizer=summarizer,
             lossless=lossless,
             idempotent=idempotent,
-            tokens=self._tokens(value),
+            tokens=None if self.count_tokens is None else self._tokens(value),
         )
         decision = policies.decide(activation)
         content = _joined(value) if self._telemetry.capture_content else None
         self._telemetry.decided(span, decision, activation, time.perf_counter() - started, content)
-        self._notify(decision, activation)
+        if self._listeners:
+            self._notify(decision, activation)
         call = GuardedCall(self, summarizer, req, resolution, decision, activation, span, value)
         if decision.effect == Effect.DENY:
             refusal = UnsafeRecompactionError(decision)
