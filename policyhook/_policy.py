@@ -8,7 +8,9 @@ be allowed. Deny overrides allow across policies. Reloading builds a new set; no
 
 from __future__ import annotations
 
+import operator
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -275,6 +277,9 @@ class PolicySet:
     #: The policies of each phase, with their whole programs, what they read (`_reads`), and
     #: the same policies flattened for `Activation`s with what they bind (`_flattened`).
     _phases: Mapping[str, _Phase] = field(init=False, repr=False, compare=False)
+    #: Per phase, the values its whole programs showed allow (`_Allowed`): a cache, the one
+    #: mutable part of a set, which only ever skips evaluating what was shown to allow.
+    _allowed: Mapping[str, _Allowed] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         programs = tuple(whole_program(policy, self.backend) for policy in self.policies)
@@ -293,6 +298,12 @@ class PolicySet:
             for phase, pairs in members.items()
         }
         object.__setattr__(self, "_phases", MappingProxyType(phases))  # never changed
+        allowed = {}
+        for phase, (_, _, flat) in phases.items():
+            indices = None if flat is None else _deciding_indices(*flat)
+            if indices is not None:
+                allowed[phase] = _Allowed(indices)
+        object.__setattr__(self, "_allowed", MappingProxyType(allowed))
 
     def decide(
         self, activation: Mapping[str, Any], *, explain: bool = False, phase: str = "input"
@@ -312,12 +323,18 @@ class PolicySet:
         members, reading, flat = self._phases.get(phase, _NO_PHASE)
         context = None
         sizes: Sizes
+        key: tuple[Any, ...] | None = None  # the values deciding read, when they can be kept
         if flat is not None and type(activation) is Activation:
             members, binding = flat
             unreadable, data = binding.bind(activation)
             sizes = (
                 activation.sizes() if activation.longest > _celcheck.DECLARED_LIST_SIZE else None
             )
+            allowed = self._allowed.get(phase)
+            if allowed is not None and unreadable is None and sizes is None and not explain:
+                key = allowed.key(data[binding.name])
+                if key is not None and key in allowed.seen:  # shown to allow: nothing to run
+                    return self._decided(activation, [], [], [])
         else:
             unreadable, sizes = _inspect(activation)
             data = _read(activation, reading) if unreadable is None else {}
@@ -329,6 +346,7 @@ class PolicySet:
         violations: list[Violation] = []
         errors: list[Violation] = []
         explanation: list[dict[str, Any]] = []
+        shown = True  # every policy's whole program showed it allows
         for policy, program in members:
             if unreadable is not None:
                 report = _unreadable(policy, unreadable, violations, errors)
@@ -338,8 +356,21 @@ class PolicySet:
                 report = _evaluate(
                     policy, self.backend, context, sizes, violations, errors, explain
                 )
+            shown = False
             if explain:
                 explanation.append(report)
+        if shown and key is not None:
+            self._allowed[phase].remember(key)
+        return self._decided(activation, violations, errors, explanation)
+
+    def _decided(
+        self,
+        activation: Mapping[str, Any],
+        violations: list[Violation],
+        errors: list[Violation],
+        explanation: list[dict[str, Any]],
+    ) -> Decision:
+        """The `Decision` on `activation` given what its policies found."""
         fields = _ALLOWED.copy()
         fields["decision_id"] = os.urandom(16).hex()
         fields["revision"] = self.revision
@@ -367,6 +398,74 @@ class PolicySet:
             fields["remedy"] = first.remedy
             fields["violations"] = tuple(violations)
         return Decision._made(fields)
+
+
+class _Allowed:
+    """The values a phase's deciding expressions read (item `indices` of the `Binding`'s list)
+    for which every whole program of the phase gave `true`: its policies allow any activation
+    binding the same values, without evaluating anything again.
+
+    Why it is exact: a whole program (`whole_program`) is a pure function of the data it is
+    given (CEL has no side effects, no clock, no randomness), and the deciding expressions
+    read only these items of it (message and remedy expressions, which may read more, run
+    only on a refusal). Kept only with no evaluation error, no cost-limit check to make
+    (`sizes` None), and values that compare exactly: str, int and bool by value and type
+    (`True` is not `1`), float by its bits (`-0.0` is not `0.0`); anything else, or a variable
+    bound whole, is never kept. Only allows are kept: a refusal is evaluated every time. Made
+    with the policy set, so a reload starts empty; bounded (cleared past `_ALLOWED_KEPT`).
+    """
+
+    __slots__ = ("_get", "indices", "seen")
+
+    def __init__(self, indices: tuple[int, ...]) -> None:
+        self.indices = indices
+        self._get = operator.itemgetter(*indices) if len(indices) > 1 else None
+        self.seen: dict[tuple[Any, ...], bool] = {}
+
+    def key(self, values: list[Any]) -> tuple[Any, ...] | None:
+        """What identifies `values` here (the items read, with their types); None unless every
+        item is a scalar (a list could hold what the backend cannot convert: then deciding
+        fails, and so must each call, whatever the items the rules read)."""
+        if not _KEPT_TYPES.issuperset(map(type, values)):
+            return None
+        if self._get is not None:
+            read: tuple[Any, ...] = self._get(values)
+        else:
+            read = tuple(values[i] for i in self.indices)  # 0 or 1
+        types = tuple(map(type, read))
+        if float in types:
+            read = tuple(v.hex() if type(v) is float else v for v in read)
+        return types, read
+
+    def remember(self, key: tuple[Any, ...]) -> None:
+        if len(self.seen) >= _ALLOWED_KEPT:
+            self.seen.clear()
+        self.seen[key] = True
+
+
+#: The value types `_Allowed` keys on, and how many allowed keys each phase keeps.
+_KEPT_TYPES = frozenset((str, int, bool, float))
+_ALLOWED_KEPT = 1_024
+
+
+def _deciding_indices(members: _Members, binding: Binding) -> tuple[int, ...] | None:
+    """The items of `binding`'s list that `members`' deciding expressions (matchConditions,
+    variables, rules: what their whole programs are made of) read; None when they may read
+    more than that list (a variable bound whole). Found in the flattened sources, where every
+    read is `<name>[<index>]`: a string literal that looks like one only adds an item."""
+    if binding.whole:
+        return None
+    read = re.compile(re.escape(binding.name) + r"\[(\d+)\]")
+    return tuple(
+        sorted(
+            {
+                int(index)
+                for policy, _ in members
+                for expression in policy.deciding
+                for index in read.findall(expression.source)
+            }
+        )
+    )
 
 
 def _reads(policies: tuple[Policy, ...]) -> tuple[tuple[str, tuple[str, ...] | None], ...]:
