@@ -533,9 +533,13 @@ class Guard:
             def call(
                 args: tuple[Any, ...], kwargs: dict[str, Any]
             ) -> AbstractContextManager[GuardedCall]:
-                """`self.guarding(input, ...)` for this call (its block, made directly)."""
-                value, request = spec.input(args, kwargs), spec.request()
-                return _Guarding(self, value, spec.name, request, spec.lossless, spec.idempotent)
+                return self.guarding(
+                    spec.input(args, kwargs),
+                    summarizer=spec.name,
+                    request=spec.request(),
+                    lossless=spec.lossless,
+                    idempotent=spec.idempotent,
+                )
 
             if inspect.iscoroutinefunction(fn):
 
