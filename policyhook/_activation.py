@@ -335,6 +335,15 @@ _SCALARS: tuple[tuple[str, str, type], ...] = tuple(
     if (variable, f.name) not in LISTS
 )
 
+#: The Python type of every scalar attribute of an `Activation` (the list sizes included):
+#: what each holds when `problem` is None.
+SCALAR_ATTRIBUTES: Mapping[str, type] = MappingProxyType(
+    {
+        **{f"{variable}_{name}": kind for variable, name, kind in _SCALARS},
+        **{f"region_{name}_size": int for _, name in sorted(LISTS)},
+    }
+)
+
 
 def _scalar_problem(activation: Activation) -> str | None:
     """Why a scalar of `activation` cannot be evaluated (a wrong type, an int past int64, a

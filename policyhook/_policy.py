@@ -23,6 +23,7 @@ from policyhook._activation import (
     INT64_MAX,
     INT64_MIN,
     LISTS,
+    SCALAR_ATTRIBUTES,
     SCHEMA,
     SUMMARY,
     Activation,
@@ -321,9 +322,9 @@ class PolicySet:
         object.__setattr__(self, "_phases", MappingProxyType(phases))  # never changed
         allowed = {}
         for phase, (_, _, flat) in phases.items():
-            indices = None if flat is None else _deciding_indices(*flat)
-            if indices is not None:
-                allowed[phase] = _Allowed(indices)
+            read = None if flat is None else _deciding_attributes(*flat)
+            if read is not None:
+                allowed[phase] = _Allowed(read)
         object.__setattr__(self, "_allowed", MappingProxyType(allowed))
 
     def decide(
@@ -344,18 +345,23 @@ class PolicySet:
         members, reading, flat = self._phases.get(phase, _NO_PHASE)
         context = None
         sizes: Sizes
-        key: tuple[Any, ...] | None = None  # the values deciding read, when they can be kept
+        key: tuple[Any, ...] | None = None  # the values deciding reads, when they can be kept
         if flat is not None and type(activation) is Activation:
+            allowed = self._allowed.get(phase)
+            if (  # every scalar of its declared type (so convertible), no cost bound to check
+                allowed is not None
+                and activation.problem is None
+                and activation.longest <= _celcheck.DECLARED_LIST_SIZE
+                and not explain
+            ):
+                key = allowed.key(activation)
+                if key in allowed.seen:  # shown to allow: nothing to bind or run
+                    return self._decided(activation, [], [], [])
             members, binding = flat
             unreadable, data = binding.bind(activation)
             sizes = (
                 activation.sizes() if activation.longest > _celcheck.DECLARED_LIST_SIZE else None
             )
-            allowed = self._allowed.get(phase)
-            if allowed is not None and unreadable is None and sizes is None and not explain:
-                key = allowed.key(data[binding.name])
-                if key is not None and key in allowed.seen:  # shown to allow: nothing to run
-                    return self._decided(activation, [], [], [])
         else:
             unreadable, sizes = _inspect(activation)
             data = _read(activation, reading) if unreadable is None else {}
@@ -380,7 +386,7 @@ class PolicySet:
             shown = False
             if explain:
                 explanation.append(report)
-        if shown and key is not None:
+        if shown and key is not None and unreadable is None:
             self._allowed[phase].remember(key)
         return self._decided(activation, violations, errors, explanation)
 
@@ -422,71 +428,74 @@ class PolicySet:
 
 
 class _Allowed:
-    """The values a phase's deciding expressions read (item `indices` of the `Binding`'s list)
-    for which every whole program of the phase gave `true`: its policies allow any activation
-    binding the same values, without evaluating anything again.
+    """The values a phase's deciding expressions read of an `Activation` (`attributes`) for
+    which every whole program of the phase gave `true`: its policies allow any activation
+    with the same values, without binding or evaluating anything again.
 
     Why it is exact: a whole program (`whole_program`) is a pure function of the data it is
     given (CEL has no side effects, no clock, no randomness), and the deciding expressions
     read only these items of it (message and remedy expressions, which may read more, run
-    only on a refusal). Kept only with no evaluation error, no cost-limit check to make
-    (`sizes` None), and values that compare exactly: str, int and bool by value and type
-    (`True` is not `1`), float by its bits (`-0.0` is not `0.0`); anything else, or a variable
-    bound whole, is never kept. Only allows are kept: a refusal is evaluated every time. Made
-    with the policy set, so a reload starts empty; bounded (cleared past `_ALLOWED_KEPT`).
+    only on a refusal). Used only for phases that bind no list and no variable whole (every
+    item bound is one of these scalars or another), for activations whose scalars all have
+    their declared types (`Activation.problem` None: so the values compare exactly, `True`
+    never meets `1`; the one double is keyed by its bits, `-0.0` is not `0.0`) and no list
+    past the cost-bound size. Kept only when every whole program showed the allow (no error,
+    no refusal, no explanation asked). A refusal is evaluated every time. Made with the
+    policy set, so a reload starts empty; bounded (cleared past `_ALLOWED_KEPT`).
     """
 
-    __slots__ = ("_get", "indices", "seen")
+    __slots__ = ("_double", "_get", "attributes", "seen")
 
-    def __init__(self, indices: tuple[int, ...]) -> None:
-        self.indices = indices
-        self._get = operator.itemgetter(*indices) if len(indices) > 1 else None
-        self.seen: dict[tuple[Any, ...], bool] = {}
+    def __init__(self, attributes: tuple[str, ...]) -> None:
+        self.attributes = attributes
+        self._get = operator.attrgetter(*attributes) if attributes else None
+        #: Where the double is among them (keyed by its bits), or -1.
+        self._double = next(
+            (i for i, a in enumerate(attributes) if SCALAR_ATTRIBUTES.get(a) is float), -1
+        )
+        self.seen: dict[Any, bool] = {}
 
-    def key(self, values: list[Any]) -> tuple[Any, ...] | None:
-        """What identifies `values` here (the items read, with their types); None unless every
-        item is a scalar (a list could hold what the backend cannot convert: then deciding
-        fails, and so must each call, whatever the items the rules read)."""
-        if not _KEPT_TYPES.issuperset(map(type, values)):
-            return None
-        if self._get is not None:
-            read: tuple[Any, ...] = self._get(values)
-        else:
-            read = tuple(values[i] for i in self.indices)  # 0 or 1
-        types = tuple(map(type, read))
-        if float in types:
-            read = tuple(v.hex() if type(v) is float else v for v in read)
-        return types, read
+    def key(self, activation: Activation) -> Any:
+        """What identifies `activation` here: the values read (as one value, or a tuple)."""
+        if self._get is None:
+            return ()
+        read: Any = self._get(activation)
+        if self._double < 0:
+            return read
+        if len(self.attributes) == 1:
+            return float(read).hex()
+        values = list(read)
+        values[self._double] = float(values[self._double]).hex()
+        return tuple(values)
 
-    def remember(self, key: tuple[Any, ...]) -> None:
+    def remember(self, key: Any) -> None:
         if len(self.seen) >= _ALLOWED_KEPT:
             self.seen.clear()
         self.seen[key] = True
 
 
-#: The value types `_Allowed` keys on, and how many allowed keys each phase keeps.
-_KEPT_TYPES = frozenset((str, int, bool, float))
+#: How many allowed keys each phase keeps.
 _ALLOWED_KEPT = 1_024
 
 
-def _deciding_indices(members: _Members, binding: Binding) -> tuple[int, ...] | None:
-    """The items of `binding`'s list that `members`' deciding expressions (matchConditions,
-    variables, rules: what their whole programs are made of) read; None when they may read
-    more than that list (a variable bound whole). Found in the flattened sources, where every
-    read is `<name>[<index>]`: a string literal that looks like one only adds an item."""
-    if binding.whole:
+def _deciding_attributes(members: _Members, binding: Binding) -> tuple[str, ...] | None:
+    """The `Activation` attributes that `members`' deciding expressions (matchConditions,
+    variables, rules: what their whole programs are made of) read, each item i of `binding`'s
+    list found as `<name>[i]` in the flattened sources (a string literal that looks like one
+    only adds an item); None when the binding holds a list or a variable bound whole (not
+    kept: what the backend converts there is not checked per decision by `problem`)."""
+    if binding.whole or any(a not in SCALAR_ATTRIBUTES for a in binding.attributes):
         return None
     read = re.compile(re.escape(binding.name) + r"\[(\d+)\]")
-    return tuple(
-        sorted(
-            {
-                int(index)
-                for policy, _ in members
-                for expression in policy.deciding
-                for index in read.findall(expression.source)
-            }
-        )
+    indices = sorted(
+        {
+            int(index)
+            for policy, _ in members
+            for expression in policy.deciding
+            for index in read.findall(expression.source)
+        }
     )
+    return tuple(binding.attributes[i] for i in indices)
 
 
 def _reads(policies: tuple[Policy, ...]) -> tuple[tuple[str, tuple[str, ...] | None], ...]:
