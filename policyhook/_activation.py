@@ -1,8 +1,8 @@
 """The CEL activation: the policy author's contract, declared once here.
 
-The loader type-checks every expression against `SCHEMA` (as `CEL_TYPES`), the guard builds
-activations with `build`, and docs/policies.md's table is generated from `markdown_table` — so
-the three cannot drift.
+The loader type-checks every expression against `SCHEMA` (as `CEL_TYPES`), activations are
+`Activation`s (made by `build`, or by the guard directly with `dead_of`), and docs/policies.md's
+table is generated from `markdown_table` — so the three cannot drift.
 Activations are plain data (str, int, float, bool, lists): never region text.
 """
 
@@ -298,15 +298,7 @@ def build(
 ) -> Activation:
     """The activation for one decision (see `Activation`). Values CEL cannot hold are not
     raised here but kept as `problem`, so every policy fails through its failurePolicy."""
-    sources = region.sources
-    if not live:
-        dead = sources
-    elif live is sources:  # a store that says "all of them" with the region's own set: O(1)
-        dead = frozenset()
-    elif isinstance(live, set | frozenset):
-        dead = sources - live  # one pass in C; nothing sorted or listed
-    else:
-        dead = sources.difference(live)
+    dead = dead_of(region.sources, live)
     pressure = budget_pressure
     if type(pressure) is not float and isinstance(pressure, int) and not isinstance(pressure, bool):
         pressure = float(pressure)
@@ -325,6 +317,18 @@ def build(
         lossless,
         idempotent,
     )
+
+
+def dead_of(sources: frozenset[str], live: Collection[str]) -> frozenset[str]:
+    """The sources not `live`: one pass in C, nothing sorted or listed (`build`'s, and the
+    guard's, which makes its `Activation` directly)."""
+    if not live:
+        return sources
+    if live is sources:  # a store that says "all of them" with the region's own set: O(1)
+        return frozenset()
+    if isinstance(live, set | frozenset):
+        return sources - live
+    return sources.difference(live)
 
 
 #: The scalar fields of `Activation`, with the Python type each must have.
