@@ -319,6 +319,7 @@ def bench_engine(report: Report, backends: list[cel.Backend], repeat: int) -> di
             "raw": raw,
             "fair": fair,
             "decide": functools.partial(_decide_next, policies, allows),
+            "evaluated": functools.partial(_decide_next, policies, allows, evaluate=True),
             "refuse": functools.partial(_decide_next, policies, denies),
             "built": build_and_decide,
         }
@@ -326,6 +327,7 @@ def bench_engine(report: Report, backends: list[cel.Backend], repeat: int) -> di
             timed["whole"] = fair_whole
         stats = measure_together(timed, n)
         raw_stats, fair_stats, decide = stats["raw"], stats["fair"], stats["decide"]
+        engine[f"{backend.name}/evaluated"] = stats["evaluated"].median
         refuse, built = stats["refuse"], stats["built"]
         engine[f"{backend.name}/fair"] = fair_of[backend.name] = fair_stats.median
         engine[backend.name] = decide.median
@@ -345,6 +347,7 @@ def bench_engine(report: Report, backends: list[cel.Backend], repeat: int) -> di
             rows.append((label, whole_stats))
         rows += [
             ("`PolicySet.decide`, allow (all rules hold)", decide),
+            ("`PolicySet.decide`, allow, evaluated (no allow kept)", stats["evaluated"]),
             ("`PolicySet.decide`, deny (+ one by one, messageExpression)", refuse),
             ("new activation + `PolicySet.decide`, allow", built),
         ]
@@ -366,7 +369,9 @@ def bench_engine(report: Report, backends: list[cel.Backend], repeat: int) -> di
         "read (in the form they read them: sizes of lists, not the lists), evaluating and "
         "building the `Decision`; "
         "the deny row also runs the policy's expressions one by one to name the rule and "
-        "evaluates its messageExpression. The \"fair raw\" rows convert the whole activation, "
+        "evaluates its messageExpression. An allow is kept by the values the rules read, so "
+        "`decide` on equal activations evaluates once; the \"evaluated\" row forgets it before "
+        "each call. The \"fair raw\" rows convert the whole activation, "
         "as any engine handed it would. Targets (issue 12): `decide` <= 15 µs on "
         "cel-expr-python.",
     )  # fmt: skip
@@ -397,8 +402,19 @@ def _fresh_plain(depth: int = 2, sources: int = 3, dead: int = 0) -> dict[str, d
     }  # fmt: skip
 
 
-def _decide_next(policies: PolicySet, activations: Iterator[Mapping[str, Any]]) -> None:
+def _decide_next(
+    policies: PolicySet, activations: Iterator[Mapping[str, Any]], evaluate: bool = False
+) -> None:
+    """Decide the next activation; `evaluate`: forget the allows kept first (so the policies
+    are evaluated, as for values never seen: `policyhook._policy._Allowed`)."""
+    if evaluate:
+        _forget_allows(policies)
     policies.decide(next(activations))
+
+
+def _forget_allows(policies: PolicySet) -> None:
+    for allowed in policies._allowed.values():
+        allowed.seen.clear()
 
 
 #: What `_NoTelemetry` gives for a span (`nullcontext` keeps no state: shared by every call).
@@ -436,11 +452,14 @@ class _NoTelemetry:
 
 
 def _guarded_setup(
-    backend: cel.Backend, telemetry: str
+    backend: cel.Backend, telemetry: str, new_outputs: bool = False, keep: bool = True
 ) -> tuple[Callable[[], object], Callable[[], object], Callable[[], None]]:
     """A guard around a no-op summarizer, its input, and a hook to drop exported telemetry.
 
     `telemetry`: "none" (stubbed out), "api" (OTel API, no SDK: no-op) or "sdk" (in-memory).
+    `new_outputs`: the summarizer returns a text never seen before on every call (see
+    `_guarded_call`); the bare call draws its output the same way. `keep` False: the policy
+    set forgets the allows it kept before each call (it evaluates, as for values never seen).
     """
     tracer_provider = meter_provider = None
     clear: Callable[[], None] = lambda: None  # noqa: E731
@@ -469,28 +488,51 @@ def _guarded_setup(
     )
     if telemetry == "none":
         guard._telemetry = _NoTelemetry()  # type: ignore[assignment]
-    call, value, summary = _guarded_call(guard)
+    guarded, value, summary = _guarded_call(guard, new_outputs)
+    fresh = _fresh_outputs(summary)
+    call = guarded
+    if not keep:
+
+        def call() -> object:
+            _forget_allows(guard.policies)
+            return guarded()
 
     def bare(text: str) -> str:
-        return summary
+        return next(fresh) if new_outputs else summary
 
     return call, (lambda: bare(value)), clear
 
 
-def _guarded_call(guard: Guard) -> tuple[Callable[[], object], str, str]:
+def _fresh_outputs(summary: str) -> Iterator[str]:
+    """Texts of `summary`'s size never returned before: a unique number leads each (so the
+    ledger anchors it at its first bytes, as a real summary's), then one of 64 word texts."""
+    rng = random.Random(11)
+    bodies = [words(rng, len(summary) - 9) for _ in range(64)]
+    return (f"{i:08d} {bodies[i % 64]}" for i in itertools.count())
+
+
+def _guarded_call(guard: Guard, new_outputs: bool = False) -> tuple[Callable[[], object], str, str]:
     """A no-op summarizer guarded by `guard`, its input (a tracked depth-1 summary and a new
-    turn, 1 KB) and its output."""
+    turn, 1 KB) and its output.
+
+    The summarizer returns the input's own summary on every call, so each record merges into
+    that summary's entry; with `new_outputs` it returns a text never seen before on every call
+    after the first (as a real summarizer's output is): each record is a new summary, and the
+    next input's search runs again (the ledger has learnt a text)."""
     rng = random.Random(7)
     originals = [words(rng, 300) for _ in range(3)]
     for i, text in enumerate(originals):
         guard.record_source(text, kind="config_read", source_id=f"cfg-{i}")
     summary = words(rng, 400)
+    fresh = _fresh_outputs(summary)
+    tracked: list[bool] = []  # set once the summary the inputs hold is recorded
 
     @guard(summarizer="bench")
     def summarize(text: str) -> str:
-        return summary
+        return next(fresh) if tracked and new_outputs else summary
 
     summarize("\n".join(originals))  # the summary is tracked: next inputs are depth-1 regions
+    tracked.append(True)
     turn = words(rng, 600)
     guard.record_source(turn, kind="user_turn", source_id="turn-1")  # the runtime registers it
     value = summary + "\n" + turn
@@ -507,8 +549,11 @@ def bench_guard(
     for backend in backends:
         n = repeat if backend.name != CEL_PYTHON else max(200, repeat // 10)
         fair = engine[f"{backend.name}/fair"]
-        for telemetry in ("none", "api", "sdk"):
-            call, bare, clear = _guarded_setup(backend, telemetry)
+        variants = [("none", False, True), ("api", False, True), ("sdk", False, True)]
+        if backend.name == default_backend().name:  # the target's row with real outputs, and
+            variants[1:1] = [("none", True, True), ("none", False, False)]  # evaluating each
+        for telemetry, new_outputs, keep in variants:
+            call, bare, clear = _guarded_setup(backend, telemetry, new_outputs, keep)
             with quiet_logs():
                 samples: list[float] = []
                 bare_samples: list[float] = []
@@ -523,7 +568,12 @@ def bench_guard(
                 "api": "OTel API only (no SDK: no-op)",
                 "sdk": "OTel SDK + in-memory exporters",
             }[telemetry]
-            data[f"{backend.name}/{telemetry}"] = {
+            key = f"{backend.name}/{telemetry}"
+            if new_outputs:
+                label, key = f"{label}, a new output every call", f"{key}/new_outputs"
+            if not keep:
+                label, key = f"{label}, evaluated every call (no allow kept)", f"{key}/evaluated"
+            data[key] = {
                 "median_ns": stats.median, "mean_ns": stats.mean, "p99_ns": stats.p99,
             }  # fmt: skip
             rows.append(
@@ -540,7 +590,12 @@ def bench_guard(
         "Input: a tracked depth-1 summary plus 600 new characters (1 KB); the default set's "
         "input-phase policy (its output check is benchmarks/grounding.py's). Per call: provenance "
         "resolution, one liveness lookup (MemoryStore), activation, policy decision, span and "
-        "metric points, recording the output as a summary. Overhead = guarded call - bare call "
+        "metric points, recording the output as a summary. The summarizer returns the input's "
+        "own summary, so each record merges into a known entry; the \"new output every call\" "
+        "row returns a text never seen before (as a real summarizer does): each record is a new "
+        "summary and the next input is searched again; the \"evaluated\" row makes the policy "
+        "set forget the allow it keeps for the values its rules read (one per call here), so it "
+        "evaluates every call. Overhead = guarded call - bare call "
         "(median of the bare call subtracted from every sample). Baselines from the engine "
         "table of the same run. Target (issue 12): with telemetry stubbed, <= 2x the fair raw "
         "engine (a new activation + conversion + evaluation with the same backend).",

@@ -1,8 +1,8 @@
 """The CEL activation: the policy author's contract, declared once here.
 
-The loader type-checks every expression against `SCHEMA` (as `CEL_TYPES`), the guard builds
-activations with `build`, and docs/policies.md's table is generated from `markdown_table` — so
-the three cannot drift.
+The loader type-checks every expression against `SCHEMA` (as `CEL_TYPES`), activations are
+`Activation`s (made by `build`, or by the guard directly with `dead_of`), and docs/policies.md's
+table is generated from `markdown_table` — so the three cannot drift.
 Activations are plain data (str, int, float, bool, lists): never region text.
 """
 
@@ -139,18 +139,18 @@ class Activation(Mapping[str, Mapping[str, Any]]):
         idempotent: Any,
     ) -> None:
         sources = self.source_set = region.sources
-        self.kind_set = region.source_kinds
+        kinds = self.kind_set = region.source_kinds
         self.dead = dead
         self._live: frozenset[str] | None = None if dead else sources
-        self.region_id = region.id
-        self.region_kind = region.kind
-        self.region_depth = region.depth
+        region_id = self.region_id = region.id
+        depth = self.region_depth = region.depth
+        chars = self.region_chars = region.chars
+        self.region_kind = "original" if depth == 0 else "summary"  # `Region.kind`
         self.region_tokens = tokens
-        self.region_chars = region.chars
-        self.region_sources_size = len(sources)
-        self.region_live_sources_size = len(sources) - len(dead)
-        self.region_dead_sources_size = len(dead)
-        self.region_source_kinds_size = len(region.source_kinds)
+        count = self.region_sources_size = len(sources)
+        gone = self.region_dead_sources_size = len(dead)
+        self.region_live_sources_size = count - gone
+        self.region_source_kinds_size = len(kinds)
         self.request_trigger = trigger
         self.request_budget_pressure = budget_pressure
         self.request_attempt = attempt
@@ -161,20 +161,20 @@ class Activation(Mapping[str, Mapping[str, Any]]):
         self.summarizer_name = summarizer
         self.summarizer_lossless = lossless
         self.summarizer_idempotent = idempotent
-        self.longest = max(len(sources), len(region.source_kinds))
+        self.longest = count if count >= len(kinds) else len(kinds)
         self._sorted: dict[str, list[str]] = {}
         self._views: dict[str, Mapping[str, Any]] = {}
-        ints = (region.depth, tokens, region.chars, attempt, window_tokens, window_budget)
-        texts = (region.id, trigger, window_id, summarizer)
-        usual = (  # what the guard makes: checked in a few C calls, not field by field
-            {*map(type, ints), type(window_max_depth)} == _INT
-            and min(*ints, window_max_depth) >= INT64_MIN
-            and max(*ints, window_max_depth) <= INT64_MAX
-            and {*map(type, texts)} == _STR
-            and "".join(texts).isascii()
+        usual = (  # what the guard makes: checked in one expression, not field by field
+            type(depth) is type(tokens) is type(chars) is type(attempt) is int
+            and type(window_tokens) is type(window_budget) is type(window_max_depth) is int
+            and min(depth, tokens, chars, attempt, window_tokens, window_budget, window_max_depth)
+            >= INT64_MIN
+            and max(depth, tokens, chars, attempt, window_tokens, window_budget, window_max_depth)
+            <= INT64_MAX
+            and type(region_id) is type(trigger) is type(window_id) is type(summarizer) is str
+            and (region_id + trigger + window_id + summarizer).isascii()
             and type(budget_pressure) is float
-            and type(lossless) is bool
-            and type(idempotent) is bool
+            and type(lossless) is type(idempotent) is bool
         )
         self.problem = None if usual else _scalar_problem(self)
 
@@ -298,15 +298,7 @@ def build(
 ) -> Activation:
     """The activation for one decision (see `Activation`). Values CEL cannot hold are not
     raised here but kept as `problem`, so every policy fails through its failurePolicy."""
-    sources = region.sources
-    if not live:
-        dead = sources
-    elif live is sources:  # a store that says "all of them" with the region's own set: O(1)
-        dead = frozenset()
-    elif isinstance(live, set | frozenset):
-        dead = sources - live  # one pass in C; nothing sorted or listed
-    else:
-        dead = sources.difference(live)
+    dead = dead_of(region.sources, live)
     pressure = budget_pressure
     if type(pressure) is not float and isinstance(pressure, int) and not isinstance(pressure, bool):
         pressure = float(pressure)
@@ -327,13 +319,33 @@ def build(
     )
 
 
-_INT, _STR = {int}, {str}
+def dead_of(sources: frozenset[str], live: Collection[str]) -> frozenset[str]:
+    """The sources not `live`: one pass in C, nothing sorted or listed (`build`'s, and the
+    guard's, which makes its `Activation` directly)."""
+    if not live:
+        return sources
+    if live is sources:  # a store that says "all of them" with the region's own set: O(1)
+        return frozenset()
+    if isinstance(live, set | frozenset):
+        return sources - live
+    return sources.difference(live)
+
+
 #: The scalar fields of `Activation`, with the Python type each must have.
 _SCALARS: tuple[tuple[str, str, type], ...] = tuple(
     (variable, f.name, {"string": str, "int": int, "double": float, "bool": bool}[f.type])
     for variable, fields in SCHEMA.items()
     for f in fields
     if (variable, f.name) not in LISTS
+)
+
+#: The Python type of every scalar attribute of an `Activation` (the list sizes included):
+#: what each holds when `problem` is None.
+SCALAR_ATTRIBUTES: Mapping[str, type] = MappingProxyType(
+    {
+        **{f"{variable}_{name}": kind for variable, name, kind in _SCALARS},
+        **{f"region_{name}_size": int for _, name in sorted(LISTS)},
+    }
 )
 
 

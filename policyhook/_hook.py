@@ -137,6 +137,11 @@ class GuardedCall:
     decision) or a remedy may replace it, without changing how callers use the seam.
     """
 
+    __slots__ = (
+        "_activation", "_guard", "_input", "_outcome", "_resolution", "_span", "_value",
+        "decision", "grounding", "request", "summarizer",
+    )  # fmt: skip
+
     def __init__(
         self,
         guard: Guard,
@@ -183,9 +188,10 @@ class GuardedCall:
             text = value if type(value) is str else _joined(value)  # a str input: as it is
             if remedies.POINTER_PREFIX in text:
                 output = cast(T, remedies.carried(_shapes.read(value), output))
-        # output-phase policies decide before anything is recorded (UnsafeRecompactionError)
-        output = self._guard._check_output(output, self)
-        self._outcome = self._guard._record(output, self._resolution, self.request.window, self)
+        guard = self._guard
+        if guard.policies.checks_output:  # they decide before anything is recorded (raising)
+            output = guard._check_output(output, self)
+        self._outcome = guard._record(output, self._resolution, self.request.window, self)
         return output
 
     def _end(self, outcome: Outcome) -> None:
@@ -824,26 +830,33 @@ class Guard:
         resolution = self.ledger.resolve(value, req.window)
         region = resolution.region
         depth = self._window_depth(req.window, span)
-        live = self._live(resolution, span) if depth is not None else frozenset[str]()
-        activation = schema.build(
+        live = resolution.live  # read with the provenance, the usual case
+        if depth is None:  # the store is unreachable: every source dead
+            live = frozenset()
+        elif live is None or not region.sources:
+            live = self._live(resolution, span)
+        # `schema.build`'s activation, made directly (its keywords cost a tenth of the call's
+        # own code): a Request's budget_pressure is a float already, as build would make it
+        activation = schema.Activation(
             region,
-            live,
-            trigger=req.trigger or "automatic",
-            budget_pressure=req.budget_pressure,
-            attempt=req.attempt,
-            window_id=req.window,
-            window_tokens=req.window_tokens,
-            window_budget=req.window_budget,
-            window_max_depth=region.depth if depth is None else depth,
-            summarizer=summarizer,
-            lossless=lossless,
-            idempotent=idempotent,
-            tokens=self._tokens(value),
+            schema.dead_of(region.sources, live),
+            region.chars // 4 if self.count_tokens is None else self._tokens(value),
+            req.trigger or "automatic",
+            req.budget_pressure,
+            req.attempt,
+            req.window,
+            req.window_tokens,
+            req.window_budget,
+            region.depth if depth is None else depth,
+            summarizer,
+            lossless,
+            idempotent,
         )
         decision = policies.decide(activation)
         content = _joined(value) if self._telemetry.capture_content else None
         self._telemetry.decided(span, decision, activation, time.perf_counter() - started, content)
-        self._notify(decision, activation)
+        if self._listeners:
+            self._notify(decision, activation)
         call = GuardedCall(self, summarizer, req, resolution, decision, activation, span, value)
         if decision.effect == Effect.DENY:
             refusal = UnsafeRecompactionError(decision)
@@ -1018,9 +1031,8 @@ class Guard:
             self._telemetry.store_failed(span, "live", error)
             return frozenset()
 
-    def _tokens(self, value: Any) -> int | None:
-        if self.count_tokens is None:
-            return None
+    def _tokens(self, value: Any) -> int:
+        assert self.count_tokens is not None
         return _token_count(self.count_tokens(_joined(value)))
 
 

@@ -8,7 +8,10 @@ be allowed. Deny overrides allow across policies. Reloading builds a new set; no
 
 from __future__ import annotations
 
+import itertools
+import operator
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -20,6 +23,7 @@ from policyhook._activation import (
     INT64_MAX,
     INT64_MIN,
     LISTS,
+    SCALAR_ATTRIBUTES,
     SCHEMA,
     SUMMARY,
     Activation,
@@ -130,6 +134,26 @@ class Decision:
         decision = object.__new__(cls)
         object.__setattr__(decision, "__dict__", fields)
         return decision
+
+
+class _Ids:
+    """Decision ids, 32 hex digits, without a system call per decision: a random 64-bit
+    prefix per process (made again in a forked child, so two never share one) and a count."""
+
+    def __init__(self) -> None:
+        self.renew()
+
+    def renew(self) -> None:
+        self._prefix = os.urandom(8).hex()
+        self._count = itertools.count(1)  # `next` on it is atomic: threads never share an id
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._count):016x}"
+
+
+_ids = _Ids()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_ids.renew)
 
 
 #: Every field of an allowing `Decision` but the five each decision sets: copied by `decide`.
@@ -275,6 +299,9 @@ class PolicySet:
     #: The policies of each phase, with their whole programs, what they read (`_reads`), and
     #: the same policies flattened for `Activation`s with what they bind (`_flattened`).
     _phases: Mapping[str, _Phase] = field(init=False, repr=False, compare=False)
+    #: Per phase, the values its whole programs showed allow (`_Allowed`): a cache, the one
+    #: mutable part of a set, which only ever skips evaluating what was shown to allow.
+    _allowed: Mapping[str, _Allowed] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         programs = tuple(whole_program(policy, self.backend) for policy in self.policies)
@@ -293,6 +320,12 @@ class PolicySet:
             for phase, pairs in members.items()
         }
         object.__setattr__(self, "_phases", MappingProxyType(phases))  # never changed
+        allowed = {}
+        for phase, (_, _, flat) in phases.items():
+            read = None if flat is None else _deciding_attributes(*flat)
+            if read is not None:
+                allowed[phase] = _Allowed(read)
+        object.__setattr__(self, "_allowed", MappingProxyType(allowed))
 
     def decide(
         self, activation: Mapping[str, Any], *, explain: bool = False, phase: str = "input"
@@ -312,7 +345,18 @@ class PolicySet:
         members, reading, flat = self._phases.get(phase, _NO_PHASE)
         context = None
         sizes: Sizes
+        key: tuple[Any, ...] | None = None  # the values deciding reads, when they can be kept
         if flat is not None and type(activation) is Activation:
+            allowed = self._allowed.get(phase)
+            if (  # every scalar of its declared type (so convertible), no cost bound to check
+                allowed is not None
+                and activation.problem is None
+                and activation.longest <= _celcheck.DECLARED_LIST_SIZE
+                and not explain
+            ):
+                key = allowed.key(activation)
+                if key in allowed.seen:  # shown to allow: nothing to bind or run
+                    return self._decided(activation, [], [], [])
             members, binding = flat
             unreadable, data = binding.bind(activation)
             sizes = (
@@ -329,6 +373,7 @@ class PolicySet:
         violations: list[Violation] = []
         errors: list[Violation] = []
         explanation: list[dict[str, Any]] = []
+        shown = True  # every policy's whole program showed it allows
         for policy, program in members:
             if unreadable is not None:
                 report = _unreadable(policy, unreadable, violations, errors)
@@ -338,10 +383,23 @@ class PolicySet:
                 report = _evaluate(
                     policy, self.backend, context, sizes, violations, errors, explain
                 )
+            shown = False
             if explain:
                 explanation.append(report)
+        if shown and key is not None and unreadable is None:
+            self._allowed[phase].remember(key)
+        return self._decided(activation, violations, errors, explanation)
+
+    def _decided(
+        self,
+        activation: Mapping[str, Any],
+        violations: list[Violation],
+        errors: list[Violation],
+        explanation: list[dict[str, Any]],
+    ) -> Decision:
+        """The `Decision` on `activation` given what its policies found."""
         fields = _ALLOWED.copy()
-        fields["decision_id"] = os.urandom(16).hex()
+        fields["decision_id"] = _ids.next()
         fields["revision"] = self.revision
         if type(activation) is Activation:
             fields["region_id"] = str(activation.region_id)
@@ -367,6 +425,77 @@ class PolicySet:
             fields["remedy"] = first.remedy
             fields["violations"] = tuple(violations)
         return Decision._made(fields)
+
+
+class _Allowed:
+    """The values a phase's deciding expressions read of an `Activation` (`attributes`) for
+    which every whole program of the phase gave `true`: its policies allow any activation
+    with the same values, without binding or evaluating anything again.
+
+    Why it is exact: a whole program (`whole_program`) is a pure function of the data it is
+    given (CEL has no side effects, no clock, no randomness), and the deciding expressions
+    read only these items of it (message and remedy expressions, which may read more, run
+    only on a refusal). Used only for phases that bind no list and no variable whole (every
+    item bound is one of these scalars or another), for activations whose scalars all have
+    their declared types (`Activation.problem` None: so the values compare exactly, `True`
+    never meets `1`; the one double is keyed by its bits, `-0.0` is not `0.0`) and no list
+    past the cost-bound size. Kept only when every whole program showed the allow (no error,
+    no refusal, no explanation asked). A refusal is evaluated every time. Made with the
+    policy set, so a reload starts empty; bounded (cleared past `_ALLOWED_KEPT`).
+    """
+
+    __slots__ = ("_double", "_get", "attributes", "seen")
+
+    def __init__(self, attributes: tuple[str, ...]) -> None:
+        self.attributes = attributes
+        self._get = operator.attrgetter(*attributes) if attributes else None
+        #: Where the double is among them (keyed by its bits), or -1.
+        self._double = next(
+            (i for i, a in enumerate(attributes) if SCALAR_ATTRIBUTES.get(a) is float), -1
+        )
+        self.seen: dict[Any, bool] = {}
+
+    def key(self, activation: Activation) -> Any:
+        """What identifies `activation` here: the values read (as one value, or a tuple)."""
+        if self._get is None:
+            return ()
+        read: Any = self._get(activation)
+        if self._double < 0:
+            return read
+        if len(self.attributes) == 1:
+            return float(read).hex()
+        values = list(read)
+        values[self._double] = float(values[self._double]).hex()
+        return tuple(values)
+
+    def remember(self, key: Any) -> None:
+        if len(self.seen) >= _ALLOWED_KEPT:
+            self.seen.clear()
+        self.seen[key] = True
+
+
+#: How many allowed keys each phase keeps.
+_ALLOWED_KEPT = 1_024
+
+
+def _deciding_attributes(members: _Members, binding: Binding) -> tuple[str, ...] | None:
+    """The `Activation` attributes that `members`' deciding expressions (matchConditions,
+    variables, rules: what their whole programs are made of) read, each item i of `binding`'s
+    list found as `<name>[i]` in the flattened sources (a string literal that looks like one
+    only adds an item); None when the binding holds a list or a variable bound whole (not
+    kept: what the backend converts there is not checked per decision by `problem`)."""
+    if binding.whole or any(a not in SCALAR_ATTRIBUTES for a in binding.attributes):
+        return None
+    read = re.compile(re.escape(binding.name) + r"\[(\d+)\]")
+    indices = sorted(
+        {
+            int(index)
+            for policy, _ in members
+            for expression in policy.deciding
+            for index in read.findall(expression.source)
+        }
+    )
+    return tuple(binding.attributes[i] for i in indices)
 
 
 def _reads(policies: tuple[Policy, ...]) -> tuple[tuple[str, tuple[str, ...] | None], ...]:

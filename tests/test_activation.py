@@ -158,6 +158,86 @@ class TestFlatDecidesAsTheMapping:
             assert explained.explanation == policies.decide(reference, explain=True).explanation
 
 
+#: Scalars for the allow cache to tell apart: bools from ints, -0.0 from 0.0, kinds, depths.
+SCALAR_ATOM = st.one_of(
+    ATOM,
+    st.just("1.0 / request.budget_pressure > 0.0"),  # -0.0 and 0.0 decide apart
+    st.just("summarizer.lossless || request.attempt == 1"),
+    st.just("!summarizer.idempotent && region.depth != request.attempt"),
+    st.builds(lambda n: f"window.max_depth <= {n}", st.integers(0, 3)),
+)
+SCALAR_RULE = st.one_of(SCALAR_ATOM, st.builds(lambda a, b: f"({a}) || ({b})", SCALAR_ATOM, ATOM))
+MANY = st.builds(
+    lambda sources, dead, depth, kinds, pressure, attempt, lossless: build(
+        frozenset(sources), frozenset(dead) & frozenset(sources), depth, frozenset(kinds),
+        budget_pressure=pressure, attempt=attempt, lossless=lossless,
+    ),
+    st.sets(ID, max_size=3),
+    st.sets(ID, max_size=3),
+    st.integers(0, 2),
+    st.sets(st.sampled_from(["config_read", "user_turn"]), max_size=2),
+    st.sampled_from([0.0, -0.0, 0.5, 1.0]),
+    st.integers(1, 2),
+    st.booleans(),
+)  # fmt: skip
+
+
+class TestAllowedKeptDecidesAsEvaluating:
+    """Property: a policy set that skips evaluating values it was shown to allow (`_Allowed`)
+    decides every activation of a sequence exactly as the plain mapping evaluated afresh."""
+
+    @pytest.mark.parametrize("name", [backends.CEL_EXPR_PYTHON, backends.CEL_PYTHON])
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(
+        rules=st.lists(SCALAR_RULE, min_size=1, max_size=3),
+        extra=EXTRA,
+        acts=st.lists(MANY, min_size=2, max_size=12),
+    )
+    def test_random_policies_and_sequences(
+        self, name: str, rules: list[str], extra: str, acts: list[schema.Activation]
+    ) -> None:
+        """Each activation decided twice (the second may be served as kept) and against the
+        mapping, which is never kept: the same decision every time."""
+        if name == backends.CEL_EXPR_PYTHON and not backends.fast_backend_installed():
+            pytest.skip("cel-expr-python is not installed")
+        policies = compiled(rules, backend_named(name), extra)
+        for act in acts:
+            reference = outcome(policies.decide(plain(copy.deepcopy(act))))
+            assert outcome(policies.decide(copy.deepcopy(act))) == reference
+            assert outcome(policies.decide(act)) == reference
+
+    def test_kept_only_for_allows_of_the_same_values(self, backend: cel.Backend) -> None:
+        """The default set: an allow is kept by the values its rules read (not the depth,
+        which only its message reads); a dead source is refused after any number of allows."""
+        policies = load_default(backend=backend)
+        allowed = policies._allowed["input"]
+        kept = 0 if not backend.binds else 1  # cel-python: no whole program (no cel.bind)
+        for depth in (1, 2, 3):
+            assert policies.decide(build(depth=depth)).effect == "allow"
+        assert len(allowed.seen) == kept
+        refused = policies.decide(build(dead=frozenset({"a"})))
+        assert (refused.effect, refused.rule) == ("deny", "live-sources")
+        assert refused.message.startswith("re-summarizing a depth-2 summary with 1 of 3")
+        assert len(allowed.seen) == kept  # never a refusal
+        assert policies.decide(build(lossless=1)).effect == "deny"  # unreadable: not kept
+        assert len(allowed.seen) == kept
+
+    def test_minus_zero_is_not_zero(self, backend: cel.Backend) -> None:
+        """0.0 and -0.0 are equal in Python and decide apart in CEL (1.0 / x): kept apart."""
+        policies = compiled(["1.0 / request.budget_pressure > 0.0"], backend)
+        for pressure in (0.0, -0.0, 0.0, -0.0):
+            act = build(budget_pressure=pressure)
+            reference = outcome(policies.decide(plain(copy.deepcopy(act))))
+            assert outcome(policies.decide(act)) == reference
+
+    def test_a_list_bound_is_never_kept(self, backend: cel.Backend) -> None:
+        """A list among the values bound (it could hold what cannot be converted): evaluated
+        every time."""
+        policies = compiled(["'a' in region.sources || region.depth >= 0"], backend)
+        assert policies.decide(build()).effect == "allow"
+        assert "input" not in policies._allowed
+
+
 class TestNothingMadeThatIsNotRead:
     """At a rolling chain's k-th pass the region rests on k sources: what the default set
     does not read (the ids themselves) is never sorted, listed or converted."""

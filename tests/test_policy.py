@@ -826,3 +826,37 @@ class TestPolicyFiles:
         folder.mkdir()
         (folder / "p.yaml").symlink_to(tmp_path / "real.txt")
         assert [p.name for p in load(folder).policies] == ["p"]
+
+
+class TestDecisionIds:
+    """Decision ids name one decision across a fleet's logs and spans."""
+
+    def test_unique_in_a_process_and_apart_in_a_forked_child(self) -> None:
+        """32 hex digits each, never twice in a process; a forked child's ids share nothing
+        with its parent's (it makes its own random prefix)."""
+        policies = load(Path(__file__).parent.parent / "policyhook" / "default_policy.yaml")
+        activation = {
+            "region": {"id": "r", "kind": "original", "depth": 0, "sources": [],
+                       "live_sources": [], "dead_sources": [], "source_kinds": [],
+                       "tokens": 0, "chars": 0},
+            "request": {"trigger": "manual", "budget_pressure": 0.0, "attempt": 1},
+            "window": {"id": "w", "tokens": 0, "budget": 0, "max_depth": 0},
+            "summarizer": {"name": "s", "lossless": False, "idempotent": False},
+        }  # fmt: skip
+        ids = [policies.decide(activation).decision_id for _ in range(1_000)]
+        assert len(set(ids)) == 1_000
+        assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+        if not hasattr(os, "fork"):
+            pytest.skip("no os.fork here")
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: its next id, then out without running the parent's cleanup
+            os.write(write, policies.decide(activation).decision_id.encode())
+            os._exit(0)
+        os.close(write)
+        os.waitpid(pid, 0)
+        child = os.read(read, 64).decode()
+        os.close(read)
+        parent = policies.decide(activation).decision_id
+        assert len(child) == 32 and child[:16] != parent[:16]
+        assert child not in ids
