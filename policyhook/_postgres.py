@@ -407,11 +407,12 @@ class PostgresStore:
             WITH lock AS (SELECT pg_advisory_xact_lock({_LOCK_CLASS}, %(lock)s)),
             n AS (SELECT nextval('{{s}}.seq') AS seq FROM lock),
             e AS ({_INSERT_ENTRY}
+                , id = CASE WHEN e.depth = 0 THEN excluded.id ELSE e.id END
                 , depth = CASE WHEN e.depth = 0 THEN excluded.depth
                     ELSE greatest(e.depth, excluded.depth) END
                 , parents = CASE WHEN e.depth = 0 THEN excluded.parents ELSE ARRAY(
                     SELECT DISTINCT x FROM unnest(e.parents || excluded.parents) AS x
-                    WHERE x <> excluded.id ORDER BY x) END
+                    WHERE x <> excluded.id AND x <> e.id ORDER BY x) END
                 , direct = CASE WHEN e.depth = 0 THEN excluded.direct ELSE ARRAY(
                     SELECT DISTINCT x FROM unnest(e.direct || excluded.direct) AS x
                     ORDER BY x) END
@@ -619,13 +620,13 @@ _INSERT_ENTRY = """
         source_kinds, win, text)
     SELECT %(digest)s, n.seq, %(id)s, %(depth)s, %(kind)s, %(size)s, %(anchor)s, %(parents)s,
         %(direct)s, %(kinds)s, %(win)s, %(stext)s FROM n
-    ON CONFLICT (digest) DO UPDATE SET seq = excluded.seq, id = excluded.id,
+    ON CONFLICT (digest) DO UPDATE SET seq = excluded.seq,
         kind = excluded.kind, size = excluded.size, anchor = excluded.anchor,
         win = excluded.win, text = excluded.text
 """
 _REPLACE = """
-    , depth = excluded.depth, parents = excluded.parents, direct = excluded.direct,
-    source_kinds = excluded.source_kinds
+    , id = excluded.id, depth = excluded.depth, parents = excluded.parents,
+    direct = excluded.direct, source_kinds = excluded.source_kinds
 """
 
 

@@ -147,16 +147,18 @@ class Entry:
     def merged(self, earlier: Entry | None) -> Entry:
         """This summary entry recorded again over `earlier` (the same text): provenance only
         grows (union of parents and sources, deepest depth), so no summary resting on the
-        earlier record can lose a source by it."""
+        earlier record can lose a source by it. It keeps the earlier id (a registered text
+        that quotes a summary has its source's id): summaries rest on their parents by id."""
         if earlier is None or earlier.depth == 0 or earlier is self or earlier == self:
             return self
         parents = {*self.parents, *earlier.parents}
         parents.discard(self.id)
+        parents.discard(earlier.id)
         return _made(
             Entry,
             {
                 "digest": self.digest,
-                "id": self.id,
+                "id": earlier.id,
                 "depth": max(self.depth, earlier.depth),
                 "kind": self.kind,
                 "size": self.size,

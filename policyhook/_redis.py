@@ -656,11 +656,12 @@ class RedisStore:
         the per-fact provenance (a set of (fact, source) pairs: recording again only adds)."""
         k = self._k
         keys = [k["seq"], k["entries"], k["log"], k["links"], k["stext"], k["windows"]]
-        keys += [self._key("win", entry.window), k["anchors"], self._key("facts", entry.id)]
+        keys += [self._key("win", entry.window), k["anchors"], b""]
         pairs = [_netstrings([f]) + _b(i) for f, ids in facts for i in ids]
         expected = b""
         stored = entry
         for _ in range(16):
+            keys[-1] = self._key("facts", stored.id)  # a merged entry keeps the earlier id
             links = _netstrings([str(len(stored.parents)), *stored.parents, *stored.sources])
             argv = [stored.digest, _dump(stored), _b(stored.id), links, _b(text)]
             argv += [_b(stored.window), str(stored.depth), stored.anchor or "", expected, *pairs]

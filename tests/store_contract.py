@@ -20,6 +20,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -349,6 +350,29 @@ class StoreContract:
             assert (kept.id, kept.depth, kept.sources) == (entry.id, 1, ("cfg",))
             assert handle.rests_on([entry.id]) == {entry.id: {"cfg"}}
             assert [e.id for e in handle.by_anchor([entry.anchor or ""])] == [entry.id]
+
+    def test_a_text_recorded_as_a_summary_keeps_the_id_others_rest_on(
+        self, store: Store, reopen: Reopen
+    ) -> None:
+        """A registered text that quotes a summary has an entry under its source's id; another
+        summary may rest on it by that id. Recorded later as a summary itself, its entry keeps
+        that id (merged): were the id replaced by the summary's, what rests on it would lose the
+        source (rests_on) in every process, and be allowed once that source is gone."""
+        quoted = summary(store, "the quoted summary of the config", sources=("cfg",))
+        store.put_summary(quoted, "the quoted summary of the config")
+        text = "quoting: the quoted summary of the config, and the deploy notes"
+        carried = summary(store, text, parents=(quoted.id,), sources=("src6",))
+        carried = replace(carried, id="src6", kind="tool_output", source_kinds=("tool_output",))
+        store.put_summary(carried, text)
+        store.put_source(Source("src6", "tool_output"), text)
+        on_it = summary(store, "a summary of the quoting text", depth=2, parents=("src6",))
+        store.put_summary(on_it, "a summary of the quoting text")
+        store.put_summary(summary(store, text, sources=("base",)), text)  # the same text again
+        for handle in (store, reopen(store)):
+            kept = handle.lookup([carried.digest])[carried.digest]
+            assert (kept.id, kept.depth) == ("src6", 1)
+            assert set(kept.sources) == {"base", "src6"}
+            assert handle.rests_on([on_it.id]) == {on_it.id: {"cfg", "base", "src6"}}
 
     def test_window_depth_is_the_deepest_recorded(self, store: Store) -> None:
         """window_depth is the deepest summary recorded in that window, 0 for others."""

@@ -352,3 +352,29 @@ class TestARegionsOwnText:
             [Region.original("some text the guard has never seen before")], summarizer="p"
         )
         assert decision.effect == "deny"
+
+
+class TestATextKeepsItsIdWhenRecordedAgain:
+    """A registered text quoting a summary is held under its source id, with provenance; a
+    summary may be made of it (resting on it by that id). When a summarizer later wrote that same
+    text, its merged entry took the summary's id instead: whatever rested on the old id lost
+    that source in the store, and a new process allowed it once the source was gone."""
+
+    @pytest.mark.parametrize("kind", ["memory", "sqlite"])
+    def test_what_rests_on_a_quoting_text_keeps_it(self, tmp_path: Path, kind: str) -> None:
+        path = tmp_path / "s.sqlite"
+        store: Store = MemoryStore() if kind == "memory" else SQLiteStore(path)
+        guard = Guard(store=store)
+        base = "tool output: the nightly deploy notes, and the backoff jitter settings"
+        summary = "Summary: the nightly deploy keeps its backoff jitter settings."
+        quoting = f"user turn: about this, {summary} and nothing else changed"
+        guard.record_source(base, "tool_output", "base")
+        guard(lambda text: summary, summarizer="s")(base)
+        guard.record_source(quoting, "user_turn", "quoting")  # held with its provenance
+        guard(lambda text: summary, summarizer="s")(quoting)  # the summary rests on it too
+        guard(lambda text: quoting, summarizer="s")(base)  # the quoting text written again
+        store.evict("quoting")
+        later = Guard(store=store if kind == "memory" else SQLiteStore(path))
+        for deciding in (guard, later):
+            assert "quoting" in deciding.provenance([summary]).sources
+            assert deciding.check([summary], summarizer="p").effect == "deny"
