@@ -46,8 +46,11 @@ TEXTS = [
     "a twelfth text, plain, about the backoff of the retry loop",
     "summary of the deploy window",  # a prefix of 2
 ]
-#: Recorded as summaries (outputs) or as sources, never both: a text registered as a source and
-#: later recorded as a summary is another question (the lead's report says which).
+#: Recorded as summaries (outputs) or as sources, never both. A text registered as a source that
+#: quotes a summary and later recorded as a summary takes the summary's id in the store
+#: (`Entry.merged`), so a summary made from it loses that source id when a fresh ledger walks
+#: its parents, while a ledger that cached the closure keeps it: a question for the entries'
+#: owner, not for the remembered splits this machine checks.
 SUMMARIES = [0, 1, 2, 5, 8, 9, 12]
 SOURCES = [3, 4, 6, 7, 10, 11]
 FILLER = ["", " ", "\n", "plain words between the known texts. ", "café ", "x" * 40]
