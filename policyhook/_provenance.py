@@ -673,7 +673,7 @@ class Ledger:
                     self._closures.pop(entry.id)
                 else:  # recorded as built: it rests on exactly what it summarized
                     anchored = self._closures.anchored(entry.parents)
-                    self._closure(entry.id, region.sources, entry.parents, anchored=anchored)
+                    self._closures.put(entry.id, region.sources, entry.parents, anchored=anchored)
                 if window in self._windows:
                     self._windows[window] = max(self._windows[window], region.depth)
         return region
@@ -734,7 +734,7 @@ class Ledger:
         for entry in view.entries.values():
             self._remember(entry)
         for summary_id, sources in view.rests_on.items():
-            self._closure(summary_id, sources)
+            self._closures.put(summary_id, sources)
         if view.depth is not None:  # (a thread may have recorded a deeper one meanwhile)
             self._windows[window] = max(self._windows.get(window, 0), view.depth)
             while len(self._windows) > self.max_windows:
@@ -1075,25 +1075,10 @@ class Ledger:
         walked = self._walk(entry)
         if walked is None:  # a summary it rests on is not cached: the store walks it
             known = self._reader.rests_on([entry.id])[entry.id]
-            self._closure(entry.id, known)
+            self._closures.put(entry.id, known)
             return known
-        self._closure(entry.id, walked, anchored=True)
+        self._closures.put(entry.id, walked, anchored=True)
         return walked
-
-    def _closure(
-        self,
-        summary_id: str,
-        sources: frozenset[str],
-        parents: Collection[str] = (),
-        *,
-        anchored: bool = False,
-    ) -> None:
-        """Remember what a summary rests on; `parents`: the summaries it was made from, when
-        it was just recorded (their closures are dropped: see `_Closures.put`). `anchored`:
-        every summary it rests on was cached when it was made (walked here, or recorded on
-        anchored parents), so any growth of one is seen (`_remember`); a closure the store
-        gave is not, and goes when a summary new to the cache arrives."""
-        self._closures.put(summary_id, sources, parents, anchored)
 
     def _walk(self, entry: Entry) -> frozenset[str] | None:
         """What a summary rests on, from the cached entries; None if one is not cached."""
@@ -1259,7 +1244,7 @@ class _Closures:
         self._head_id: str | None = None
         self._head: frozenset[str] = frozenset()
         self._older: OrderedDict[str, dict[str, None]] = OrderedDict()  # LRU, untracked values
-        # Ids whose closure rests on summaries that were not all cached (`Ledger._closure`).
+        # Ids whose closure rests on summaries that were not all cached (`put` with `anchored` False).
         self._unanchored: set[str] = set()
         self.drops = 0  # times closures were dropped as possibly outgrown (`Ledger._take`)
 
@@ -1283,7 +1268,11 @@ class _Closures:
         anchored: bool = False,
     ) -> None:
         """`sources` becomes the newest closure; the one it displaces is kept in the older ones
-        unless it is one of `parents` (the summaries `summary_id` was just made from)."""
+        unless it is one of `parents` (the summaries `summary_id` was just made from, when it
+        was just recorded). `anchored`: every summary it rests on was cached when it was made
+        (walked in memory, or recorded on anchored parents), so any growth of one is seen
+        (`Ledger._remember`); a closure the store gave is not, and goes when a summary new to
+        the cache arrives (`drop_unanchored`)."""
         head_id = self._head_id
         if head_id is not None and head_id != summary_id:
             if head_id in parents:
