@@ -1244,7 +1244,7 @@ class _Closures:
         self._head_id: str | None = None
         self._head: frozenset[str] = frozenset()
         self._older: OrderedDict[str, dict[str, None]] = OrderedDict()  # LRU, untracked values
-        # Ids whose closure rests on summaries that were not all cached (`put` with `anchored` False).
+        # Ids whose closure rests on summaries not all cached (`put` with `anchored` False).
         self._unanchored: set[str] = set()
         self.drops = 0  # times closures were dropped as possibly outgrown (`Ledger._take`)
 
