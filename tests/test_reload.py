@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,9 @@ def test_concurrent_calls_each_see_one_complete_revision(policy_dir: Path) -> No
     summarize = guard(lambda text: text, summarizer="s")
     calls_per_thread, threads = 60, 4
     stop = threading.Event()
+    reloads = [0]  # reloads completed so far
+    calls: list[int] = []
+    deadline = time.monotonic() + 60  # a starved reloader fails the test, never hangs it
 
     def reload_loop() -> None:
         n = 1
@@ -104,10 +108,19 @@ def test_concurrent_calls_each_see_one_complete_revision(policy_dir: Path) -> No
             n += 1
             (policy_dir / "p.yaml").write_text(generation(n))
             guard.reload()
+            reloads[0] += 1
 
     def call_loop() -> None:
-        for _ in range(calls_per_thread):
+        """At least `calls_per_thread` calls, and one more after two reloads completed since
+        this worker began: its first and last calls see different revisions however fast
+        decisions are (an allow kept made them fast enough to finish before any reload)."""
+        began, made = reloads[0], 0
+        while made < calls_per_thread or reloads[0] < began + 2:
+            assert time.monotonic() < deadline, "the reloader never ran during the calls"
             summarize("some original text")
+            made += 1
+        summarize("some original text")
+        calls.append(made + 1)
 
     with capture_decisions(guard) as seen:
         reloader = threading.Thread(target=reload_loop)
@@ -120,7 +133,8 @@ def test_concurrent_calls_each_see_one_complete_revision(policy_dir: Path) -> No
         stop.set()
         reloader.join()
 
-    assert len(seen) == calls_per_thread * threads  # no decision lost
+    assert len(calls) == threads
+    assert len(seen) == sum(calls)  # no decision lost
     generations_by_revision: dict[str, set[str]] = {}
     for decision, _ in seen:
         messages = {v.message for v in decision.violations}
