@@ -493,13 +493,17 @@ def _closure(summary_id: str, get: Callable[[str], Entry | None]) -> set[str]:
 
 
 #: 1: summaries copying their source lists; 2: normalised entries; 3: per-fact provenance;
-#: 4: the digest of the text each source id names (`sources.digest`).
-_SCHEMA_VERSION = 4
+#: 4: the digest of the text each source id names (`sources.digest`); 5: a change sequence on
+#: `sources` (`sources.change`, kept by triggers), so a liveness cache re-reads only what changed.
+_SCHEMA_VERSION = 5
 _FOREVER = float("inf")
 #: Cached liveness entries before the cache is dropped (and filled again from the next reads):
 #: about 160 bytes an id (its sets' share and the id), so a long loop of new sources stays
 #: within ~10 MB (1,000,000 kept ~160 MB); dropping it costs one k-row join, once per 65,536 ids.
 _CACHE_MAX = 65_536
+#: Source rows written by other connections that a liveness cache re-reads at once; past this
+#: many since it last looked, it is dropped instead (and the ids asked are read afresh).
+_CHANGES_MAX = 1_024
 #: WAL pages written before a commit copies them into the database file (SQLite's default is
 #: 1,000). A guarded call writes ~8 pages (its summary, four index leaves, the window's depth)
 #: and recording a turn ~10, so the default made every ~55th call of an agent loop pay a
@@ -511,9 +515,10 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 -- A source's text is NULL once evicted (the row is its tombstone), expires is a unix time,
 -- digest is the keyed digest of the one text the id names (NULL: not known, see `_name_sources`).
+-- change: the sequence number of the row's last write (`_CHANGES`), for liveness caches.
 CREATE TABLE IF NOT EXISTS sources (
     id TEXT PRIMARY KEY, kind TEXT NOT NULL, text TEXT, expires REAL,
-    state TEXT NOT NULL DEFAULT 'live', digest TEXT
+    state TEXT NOT NULL DEFAULT 'live', digest TEXT, change INTEGER NOT NULL DEFAULT 0
 );
 -- One row per text known, normalised: parents and direct sources only, so size is linear.
 CREATE TABLE IF NOT EXISTS entries (
@@ -533,6 +538,24 @@ CREATE TABLE IF NOT EXISTS facts (
     PRIMARY KEY (summary, fact)
 ) WITHOUT ROWID;
 """
+#: Schema 5: every write to a source row gives it the next change number (counted in `meta`,
+#: key 'change': not `max(change)`, which a REPLACE of the newest row would send back), whoever
+#: writes it (this version's statements, an older policyhook still open on the file, a
+#: hand-made INSERT): a trigger, so no writer can skip it. (Nothing deletes a source row: a
+#: tombstone stays; a REPLACE inserts the id again, with a new number.)
+_BUMP = (
+    "UPDATE meta SET value = value + 1 WHERE key = 'change'; UPDATE sources SET change = "
+    "(SELECT value FROM meta WHERE key = 'change') WHERE rowid = NEW.rowid"
+)
+_CHANGES = (
+    "INSERT OR IGNORE INTO meta SELECT 'change', coalesce(max(change), 0) FROM sources",
+    "CREATE INDEX IF NOT EXISTS sources_change ON sources (change)",
+    f"CREATE TRIGGER IF NOT EXISTS sources_put AFTER INSERT ON sources BEGIN {_BUMP}; END",
+    "CREATE TRIGGER IF NOT EXISTS sources_changed AFTER UPDATE OF id, kind, text, expires, "
+    f"state, digest ON sources BEGIN {_BUMP}; END",
+)
+#: The highest change number given (`_CHANGES`), in SQL.
+_LAST_CHANGE = "(SELECT value FROM meta WHERE key = 'change')"
 _ENTRY_COLUMNS = "digest, id, depth, kind, size, anchor, parents, direct, source_kinds, window"
 _E_COLUMNS = ", ".join(f"e.{c}" for c in _ENTRY_COLUMNS.split(", "))
 
@@ -604,7 +627,8 @@ class SQLiteStore:
         # Liveness cache: id -> time its source stops being live (0: not live), valid while no
         # other connection commits; this connection's own writes update it.
         self._expiry = _Liveness()
-        self._expiry_version = -1
+        self._expiry_version = -1  # `data_version` when the cache was last brought up to date
+        self._changes = 0  # the highest `sources.change` the cache is in step with (`_caught_up`)
         self._asking: Collection[str] = ()  # the ids a view asks, for `_asked` (under the lock)
         self._db = self._connect()
         with self._lock:
@@ -639,6 +663,14 @@ class SQLiteStore:
                     self._migrate()
                 if not self._has_column("sources", "digest"):
                     self._name_sources()
+                if not self._has_column("sources", "change"):  # schema 4 to 5
+                    self._db.execute(
+                        "ALTER TABLE sources ADD COLUMN change INTEGER NOT NULL DEFAULT 0"
+                    )
+                for statement in _CHANGES:
+                    self._db.execute(statement)
+                # The cache is empty, so it is in step with every change up to now.
+                self._changes = int(self._db.execute(f"SELECT {_LAST_CHANGE}").fetchone()[0])
                 self._db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
                 self._db.execute("COMMIT")
             except BaseException:
@@ -674,7 +706,7 @@ class SQLiteStore:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         db.execute("PRAGMA busy_timeout=5000")
         db.execute(f"PRAGMA wal_autocheckpoint={_CHECKPOINT_PAGES}")
-        # `view` reads every id it asks only when its liveness cache is stale (see `_VIEW`).
+        # `view` and `live` ask every id only when the cache is far behind (see `_LIVE`).
         db.create_function("policyhook_asked", 0, self._asked)
         return db
 
@@ -848,34 +880,79 @@ class SQLiteStore:
             )
 
     def live(self, source_ids: Collection[str]) -> frozenset[str]:
+        """From the cache while `PRAGMA data_version` says no other connection committed;
+        else one statement brings what they changed since (`_caught_up`) with the ids the
+        cache lacks."""
         if not source_ids:
             return frozenset()
         with self._lock:
             self._check_file()
-            self._check_cache()
             cache = self._expiry
-            if cache.everlasting(source_ids):  # nothing k-sized made (`view`)
+            if len(cache) > _CACHE_MAX:
+                cache.clear()
+            version = self._db.execute("PRAGMA data_version").fetchone()[0]
+            fresh = version == self._expiry_version
+            if fresh and cache.everlasting(source_ids):  # nothing k-sized made (`view`)
                 return cast(frozenset[str], source_ids)
             missing = cache.missing(source_ids)
-            if missing:
-                for i in missing:
-                    cache.set(i, 0.0)  # not held, unless the query says so
-                for i, state, expires in self._db.execute(
-                    "SELECT s.id, s.state, s.expires FROM json_each(?) AS j "
-                    "JOIN sources AS s ON s.id = j.value",
-                    (json.dumps(missing),),
-                ):
-                    cache.set(
-                        i, (_FOREVER if expires is None else expires) if state == "live" else 0.0
-                    )
-            return cache.held(source_ids, time.time())
+            if fresh and not missing:
+                return cache.held(source_ids, time.time())
+            now = time.time()
+            self._asking = source_ids
+            try:
+                rows = self._db.execute(
+                    _LIVE,
+                    {
+                        "missing": json.dumps(missing),
+                        "seen": self._changes,
+                        "cap": _CHANGES_MAX,
+                        "now": now,
+                    },
+                ).fetchall()
+            finally:
+                self._asking = ()
+            asked, _ = self._caught_up(rows, source_ids, missing)
+            cache.unheld(asked)  # not held, unless the statement said so
+            for r in rows:
+                if r[0] == "l":
+                    cache.set(_text(r[3]), _FOREVER if r[1] is None else r[1])
+            return cache.held(source_ids, now)
 
-    def _check_cache(self) -> None:
-        """Drop cached liveness when another connection committed (`PRAGMA data_version`)."""
-        version = self._db.execute("PRAGMA data_version").fetchone()[0]
-        if version != self._expiry_version or len(self._expiry) > _CACHE_MAX:
-            self._expiry.clear()
-            self._expiry_version = version
+    def _caught_up(
+        self, rows: list[Any], ids: Collection[str], missing: Collection[str]
+    ) -> tuple[Collection[str], bool]:
+        """Bring the liveness cache up to a statement's snapshot (`_LIVE`, `_VIEW`): its `x`
+        rows are the source rows written since change `_changes` (by any connection), and each
+        cached id among them takes its state there; past `_CHANGES_MAX` of them the cache is
+        dropped and every id of `ids` was asked. Exact: a row not among them was not written
+        since the cache last looked, so what the cache holds for it stands.
+
+        Returns the ids the statement asked (`missing`, or all of `ids`) and whether a change
+        left one of `ids` cached as anything but held for good (then `everlasting` is void)."""
+        cache = self._expiry
+        top, over = self._changes, 0
+        for r in rows:
+            if r[0] == "m":
+                top, over = r[1], r[2]
+            elif r[0] == "v":
+                self._expiry_version = r[1]
+        if over:
+            cache.clear()
+            missing = ids
+        touched = bool(over)
+        known = cache.known
+        for r in () if over else rows:
+            if r[0] == "x":
+                source_id = _text(r[3])
+                if source_id not in known:
+                    continue  # not cached: read from the file when asked
+                expires = (_FOREVER if r[1] is None else r[1]) if r[2] == "live" else 0.0
+                cache.set(source_id, expires)
+                if expires != _FOREVER and not touched:
+                    touched = source_id in ids
+        if top is not None:
+            self._changes = int(top)
+        return missing, touched
 
     def states(self, source_ids: Collection[str]) -> dict[str, State]:
         if not source_ids:
@@ -1025,10 +1102,11 @@ class SQLiteStore:
     ) -> View:
         """One statement: each part of the view is a tagged row of one compound SELECT.
 
-        Liveness comes from the cache `live` keeps while no other connection commits: the
-        statement asks only the ids the cache lacks, unless its `data_version` says another
-        connection committed since the cache was filled, and then it asks every id (so a
-        rolling chain's k sources cost k dictionary reads, not a k-row join, per decision).
+        Liveness comes from the cache `live` keeps, brought up to the statement's snapshot by
+        the source rows written since it last looked (`_caught_up`: another connection's
+        commit costs the rows it wrote, not a re-read of every id); the statement asks only
+        the ids the cache lacks (so a rolling chain's k sources cost k dictionary reads, not a
+        k-row join, per decision).
         """
         ids = source_ids
         now = time.time()
@@ -1037,14 +1115,10 @@ class SQLiteStore:
             cache = self._expiry
             if len(cache) > _CACHE_MAX:
                 cache.clear()
-                self._expiry_version = -1
-            cached = self._expiry_version
             # A rolling chain's k sources, all cached as held for good: one C loop, and the
             # region's own set is the answer (nothing k-sized made; see `_Liveness.forever`).
-            everlasting = cached != -1 and cache.everlasting(ids)
-            missing: Collection[str] = (
-                () if everlasting else list(ids) if cached == -1 else cache.missing(ids)
-            )
+            everlasting = cache.everlasting(ids)
+            missing: Collection[str] = () if everlasting else cache.missing(ids)
             self._asking = ids
             try:
                 rows = self._db.execute(
@@ -1052,7 +1126,8 @@ class SQLiteStore:
                     {
                         "digests": json.dumps(list(digests)),
                         "missing": json.dumps(missing),
-                        "version": cached,
+                        "seen": self._changes,
+                        "cap": _CHANGES_MAX,
                         "cursor": cursor,
                         "limit": limit,
                         "now": now,
@@ -1064,11 +1139,8 @@ class SQLiteStore:
             since = [r for r in rows if r[0] == "s"]
             if since:
                 self._head = max(self._head, since[-1][1])
-            version = next(r[1] for r in rows if r[0] == "v")
-            if version != cached:  # another connection committed: every id was asked
-                cache.clear()
-                self._expiry_version = version
-                missing, everlasting = ids, False
+            missing, touched = self._caught_up(rows, ids, missing)
+            everlasting = everlasting and not touched
             held = {_text(r[3]): _FOREVER if r[1] is None else r[1] for r in rows if r[0] == "l"}
             cache.unheld(missing)  # not held, unless the statement said so
             for i, expires in held.items():
@@ -1115,12 +1187,38 @@ class SQLiteStore:
         return [(e.region(closures[e.id]), t) for e, t in held]
 
 
+#: The source rows written since change `:seen` (at most `:cap`; `over` when there may be more),
+#: for `SQLiteStore._caught_up`: found by the `sources_change` index, so a cache in step with
+#: the file costs one index probe.
+_CHANGED = """changed (id, state, expires) AS (
+    SELECT id, state, expires FROM sources WHERE change > :seen LIMIT :cap),
+over (o) AS (SELECT count(*) >= :cap FROM changed)"""
+
+#: `SQLiteStore.live`: rows (tag, expiry, state, source id) tagged x (a row written since the
+#: cache last looked), l (a held source id among those asked), m (the highest change, and
+#: whether the cache is too far behind: then every id was asked), v (this connection's
+#: `data_version`, read in the same snapshot).
+_LIVE = f"""
+WITH {_CHANGED},
+ask (id) AS (
+    SELECT value FROM json_each(CASE WHEN (SELECT o FROM over) THEN policyhook_asked()
+                                     ELSE :missing END))
+SELECT 'x', c.expires, c.state, c.id FROM changed AS c WHERE NOT (SELECT o FROM over)
+UNION ALL
+SELECT 'l', s.expires, NULL, s.id FROM ask JOIN sources AS s ON s.id = ask.id
+WHERE s.state = 'live' AND (s.expires IS NULL OR s.expires > :now)
+UNION ALL
+SELECT 'm', {_LAST_CHANGE}, (SELECT o FROM over), NULL
+UNION ALL
+SELECT 'v', data_version, NULL, NULL FROM pragma_data_version()
+"""
+
 #: `SQLiteStore.view`: rows (tag, seq or depth, the entry's columns, text or source id), tagged
 #: s (since, in order), f (found by digest), c (a found summary's root id and one of its sources,
 #: transitively), l (a held source id, its expiry in the second column), w (the window's depth),
-#: v (this connection's `data_version`). Liveness is asked for the ids the cache lacks
-#: (`:missing`) while `data_version` is the one the cache was filled at (`:version`), else for
-#: every id (`policyhook_asked()`, called only then: CASE evaluates the branch it takes).
+#: and x, m, v as in `_LIVE`. Liveness is asked for the ids the cache lacks (`:missing`), or
+#: for every id when the cache is too far behind (`policyhook_asked()`, called only then: CASE
+#: evaluates the branch it takes).
 _VIEW = f"""
 WITH RECURSIVE
 found AS (
@@ -1133,10 +1231,10 @@ up (root, id) AS (
 closure (root, source) AS (
     SELECT up.root, d.value FROM up
     JOIN entries AS e ON e.id = up.id AND e.depth > 0, json_each(e.direct) AS d),
-version (v) AS (SELECT data_version FROM pragma_data_version()),
+{_CHANGED},
 ask (id) AS (
-    SELECT value FROM json_each(CASE WHEN (SELECT v FROM version) IS :version THEN :missing
-                                     ELSE policyhook_asked() END)
+    SELECT value FROM json_each(CASE WHEN (SELECT o FROM over) THEN policyhook_asked()
+                                     ELSE :missing END)
     UNION SELECT source FROM closure
     UNION SELECT id FROM found WHERE depth = 0)
 SELECT * FROM (
@@ -1152,7 +1250,14 @@ SELECT 'l', s.expires, NULL, s.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NUL
 FROM ask JOIN sources AS s ON s.id = ask.id
 WHERE s.state = 'live' AND (s.expires IS NULL OR s.expires > :now)
 UNION ALL
-SELECT 'v', v, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM version
+SELECT 'x', c.expires, c.state, c.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM changed AS c WHERE NOT (SELECT o FROM over)
+UNION ALL
+SELECT 'm', {_LAST_CHANGE}, (SELECT o FROM over), NULL, NULL, NULL, NULL,
+    NULL, NULL, NULL, NULL, NULL, NULL
+UNION ALL
+SELECT 'v', data_version, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM pragma_data_version()
 UNION ALL
 SELECT 'w', depth, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM windows WHERE window = :window

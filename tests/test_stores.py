@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 from store_contract import MakeStore, Reopen, StoreContract, summary
 
 from policyhook import (
@@ -265,9 +270,9 @@ class TestSQLite:
         store.close()
 
     def test_a_decision_asks_only_the_ids_its_cache_lacks(self, tmp_path: Path) -> None:
-        """While no other connection commits, a view asks SQLite only for ids it has not cached
-        (a rolling chain's k sources are k dictionary reads, not a k-row join); after another
-        connection's commit it asks them all again, in the same one statement."""
+        """A view asks SQLite only for ids it has not cached (a rolling chain's k sources are k
+        dictionary reads, not a k-row join); after another connection's commit, the same one
+        statement brings the source rows written since (here one), not every id again."""
         store = SQLiteStore(tmp_path / "ph.db")
         ids = [f"s{i}" for i in range(50)]
         for i in ids:
@@ -279,14 +284,16 @@ class TestSQLite:
         assert store.view(0, 1, [], ids).live == set(ids)
         assert store.view(0, 1, [], [*ids, "new"]).live == set(ids)
         first, second = [s for s in asked if "WITH RECURSIVE" in s]
-        assert """THEN '["s0", "s1",""" in first  # the cache was empty: every id
-        assert """THEN '["new"]'""" in second  # then only the one it lacked
+        assert """ELSE '["s0", "s1",""" in first  # the cache was empty: every id
+        assert """ELSE '["new"]'""" in second  # then only the one it lacked
+        seen = store._changes
         with SQLiteStore(tmp_path / "ph.db") as other:
-            other.evict("s7")  # commits: the cache no longer says anything
+            other.evict("s7")  # commits one change
         asked.clear()
         assert store.view(0, 1, [], ids).live == set(ids) - {"s7"}
-        assert """THEN '[]'""" in asked[0]  # nothing missing, but stale: every id was asked
+        assert """ELSE '[]'""" in asked[0]  # nothing missing, and not asked again
         assert len([s for s in asked if not s.startswith("-- ")]) == 1
+        assert store._changes == seen + 1
         store.close()
 
     def test_one_statement_per_liveness_lookup(self, tmp_path: Path) -> None:
@@ -300,7 +307,7 @@ class TestSQLite:
         store._db.set_trace_callback(statements.append)
         ids = [f"s{i}" for i in range(1000)]
         assert len(store.live(ids)) == 1000
-        queries = [s for s in statements if not s.startswith("PRAGMA data_version")]
+        queries = [s for s in statements if not s.startswith(("PRAGMA data_version", "-- "))]
         assert len(queries) == 1
         statements.clear()
         assert len(store.live(ids)) == 1000
@@ -360,7 +367,7 @@ class TestSQLite:
         db.executescript("DROP TABLE facts; PRAGMA user_version = 2;")
         db.close()
         with SQLiteStore(path) as store:
-            assert store._db.execute("PRAGMA user_version").fetchone()[0] == 4
+            assert store._db.execute("PRAGMA user_version").fetchone()[0] == 5
             assert store.get_source("cfg") == "retry_ceiling: 7"
             entry = summary(store, "retries are capped at 7", sources=("cfg",))
             store.put_summary(entry, "retries are capped at 7", [("n:7", ("cfg",))])
@@ -389,9 +396,9 @@ class TestSQLite:
             """
         )
         db.close()
-        for _ in range(2):  # migrating once, then opening a version-4 file
+        for _ in range(2):  # migrating once, then opening a version-5 file
             with SQLiteStore(path) as store:
-                assert store._db.execute("PRAGMA user_version").fetchone()[0] == 4
+                assert store._db.execute("PRAGMA user_version").fetchone()[0] == 5
                 for source_id, state in (("held", "live"), ("gone", "evicted")):
                     with pytest.raises(SourceIdConflictError, match=f"now {state}"):
                         store.put_source(Source(source_id, "config_read"), "another text")
@@ -412,3 +419,232 @@ class TestSQLite:
         db.close()
         with pytest.raises(StoreUnavailableError, match=r"version 99 .*upgrade policyhook"):
             SQLiteStore(path)
+
+
+class _Clock:
+    """A clock `policyhook.stores` reads instead of `time` (expiry without waiting)."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _two(path: Path, ttl: float | None = None) -> tuple[SQLiteStore, SQLiteStore]:
+    """Two connections on one file, each with a warm liveness cache of nothing yet."""
+    return SQLiteStore(path), SQLiteStore(path, ttl=ttl)
+
+
+class TestAnotherConnectionsWrites:
+    """A liveness cache brought up to date by the source rows written since it last looked
+    (schema 5's change numbers) is exact: what another connection did is seen on the very
+    next lookup, by `live` and by `view`, never a lookup later."""
+
+    def test_an_eviction_is_seen_dead_at_once(self, tmp_path: Path) -> None:
+        """Warm on both paths, then another connection evicts: the next `live` and the next
+        `view` (a frozenset: the everlasting shortcut) say dead (else a wrong allow)."""
+        mine, other = _two(tmp_path / "ph.db")
+        ids = frozenset(f"s{i}" for i in range(20))
+        for i in sorted(ids):
+            mine.put_source(Source(i, "tool_output"), f"text {i}")
+        assert mine.live(ids) == ids and mine.view(0, 1, [], ids).live == ids
+        other.evict("s3")
+        assert mine.live(ids) == ids - {"s3"}
+        other.evict("s4")
+        assert mine.view(0, 1, [], ids).live == ids - {"s3", "s4"}
+        assert mine.live(ids) == ids - {"s3", "s4"}
+
+    def test_a_put_is_seen_live_at_once(self, tmp_path: Path) -> None:
+        """An id cached as not held (asked before it was put) is live once another
+        connection puts it."""
+        mine, other = _two(tmp_path / "ph.db")
+        assert mine.live(["a", "b"]) == frozenset()
+        assert mine.view(0, 1, [], frozenset({"a", "b"})).live == frozenset()
+        other.put_source(Source("a", "tool_output"), "text a")
+        assert mine.live(["a", "b"]) == {"a"}
+        other.put_source(Source("b", "tool_output"), "text b")
+        assert mine.view(0, 1, [], frozenset({"a", "b"})).live == {"a", "b"}
+
+    def test_a_re_registration_after_an_eviction_is_seen(self, tmp_path: Path) -> None:
+        """Evicted by one connection, put again by another (a REPLACE of the row that held
+        the newest change number), then evicted again: each is seen. Numbering changes by
+        `max(change) + 1` went backwards on the REPLACE and missed the revival."""
+        mine, other = _two(tmp_path / "ph.db")
+        mine.put_source(Source("a", "tool_output"), "text a")
+        mine.put_source(Source("b", "tool_output"), "text b")
+        assert mine.live(["a", "b"]) == {"a", "b"}
+        other.evict("b")
+        assert mine.live(["a", "b"]) == {"a"}
+        other.put_source(Source("b", "tool_output"), "text b")
+        assert mine.live(["a", "b"]) == {"a", "b"}
+        assert mine.view(0, 1, [], frozenset({"a", "b"})).live == {"a", "b"}
+        other.evict("b")
+        assert mine.view(0, 1, [], frozenset({"a", "b"})).live == {"a"}
+
+    def test_an_expiry_another_connection_set_is_kept(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A source cached as held for good, put again by a connection with a TTL: the cache
+        learns its expiry, so it is dead once the TTL passes, with no write in between."""
+        clock = _Clock()
+        monkeypatch.setattr("policyhook.stores.time", clock)
+        mine, other = _two(tmp_path / "ph.db", ttl=10.0)
+        mine.put_source(Source("a", "tool_output"), "text a")
+        assert mine.view(0, 1, [], frozenset({"a"})).live == {"a"}
+        other.put_source(Source("a", "tool_output"), "text a")
+        clock.now += 5
+        assert mine.live(["a"]) == {"a"}
+        clock.now += 6
+        assert mine.live(["a"]) == frozenset()
+        assert mine.view(0, 1, [], frozenset({"a"})).live == frozenset()
+
+    def test_far_behind_the_cache_starts_over_exactly(self, tmp_path: Path) -> None:
+        """More changes since the cache last looked than it re-reads at once (1,024): it is
+        dropped and every id asked is read again, in the same statement."""
+        mine, other = _two(tmp_path / "ph.db")
+        ids = frozenset(f"s{i}" for i in range(1100))
+        for i in sorted(ids):
+            mine.put_source(Source(i, "tool_output"), f"text {i}")
+        assert mine.view(0, 1, [], ids).live == ids
+        for i in sorted(ids)[:1030]:
+            other.evict(i)
+        expected = ids - set(sorted(ids)[:1030])
+        assert mine.view(0, 1, [], ids).live == expected
+        other.evict(sorted(expected)[0])
+        assert mine.live(ids) == expected - {sorted(expected)[0]}
+
+    def test_a_writer_that_is_not_policyhook_is_seen(self, tmp_path: Path) -> None:
+        """The change number is a trigger's: an UPDATE by hand (or an older policyhook still
+        open on the file) is seen like the store's own statements."""
+        mine = SQLiteStore(tmp_path / "ph.db")
+        mine.put_source(Source("a", "tool_output"), "text a")
+        assert mine.live(["a"]) == {"a"}
+        db = sqlite3.connect(tmp_path / "ph.db")
+        db.execute("UPDATE sources SET text = NULL, state = 'evicted' WHERE id = 'a'")
+        db.commit()
+        db.close()
+        assert mine.live(["a"]) == frozenset()
+
+    def test_a_guard_refuses_after_another_process_evicts(self, tmp_path: Path) -> None:
+        """The decision itself: a rolling chain whose oldest turn another connection evicted
+        is refused on its next pass."""
+        guard = Guard(store=SQLiteStore(tmp_path / "ph.db"))
+        other = SQLiteStore(tmp_path / "ph.db")
+        words = ["first", "second", "third", "fourth"]
+        turns = [f"user turn {w}: the deploy of the {w} service moved" for w in words]
+        ids = [guard.record_source(t, kind="user_turn").id for t in turns]
+        last = guard(lambda m: "the first pass over the deploys", summarizer="s")([turns[0]])
+        for w, turn in zip(words[1:3], turns[1:3], strict=True):
+            summarize = guard(lambda m, w=w: f"the {w} pass over the deploys", summarizer="s")
+            last = summarize([last, turn])
+        other.evict(ids[0])
+        with pytest.raises(UnsafeRecompactionError) as refused:
+            guard(lambda m: "never called", summarizer="s")([last, turns[3]])
+        assert refused.value.dead_sources == (ids[0],)
+
+    def test_a_schema_4_file_is_migrated(self, tmp_path: Path) -> None:
+        """A version-4 file (no change numbers) gains them on open, data kept; its rows count
+        as unchanged since, and the next write by any connection is seen."""
+        path = tmp_path / "v4.db"
+        with SQLiteStore(path) as store:
+            store.put_source(Source("a", "config_read"), "retry_ceiling: 7")
+            store.put_source(Source("b", "config_read"), "timeout: 30")
+            store.evict("b")
+        db = sqlite3.connect(path)
+        db.executescript(
+            """
+            DROP TRIGGER sources_put; DROP TRIGGER sources_changed; DROP INDEX sources_change;
+            ALTER TABLE sources DROP COLUMN change; DELETE FROM meta WHERE key = 'change';
+            PRAGMA user_version = 4;
+            """
+        )
+        db.close()
+        for _ in range(2):  # migrating once, then opening a version-5 file
+            mine, other = SQLiteStore(path), SQLiteStore(path)
+            assert mine._db.execute("PRAGMA user_version").fetchone()[0] == 5
+            assert mine.states(["a", "b"]) == {"a": "live", "b": "evicted"}
+            assert mine.live(["a", "b"]) == {"a"}
+            other.evict("a")
+            assert mine.live(["a", "b"]) == frozenset()
+            other.put_source(Source("a", "config_read"), "retry_ceiling: 7")
+            assert mine.view(0, 1, [], frozenset({"a", "b"})).live == {"a"}
+            mine.close()
+            other.close()
+
+
+_ID_POOL = [f"s{i}" for i in range(4)]
+_IDS = st.sampled_from(_ID_POOL)
+
+
+class TwoConnections(RuleBasedStateMachine):
+    """Two SQLiteStore connections on one file (one with a TTL), random puts, evictions and
+    waits through either, liveness asked through either by `live` and by `view`; the oracle
+    is a fresh connection's `states`. The re-read bound is lowered to 3 changes, so the cache
+    is dropped and refilled too, and `fork` gives a connection a new one (an empty cache)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = _Clock()
+        self.patch = pytest.MonkeyPatch()
+        self.patch.setattr("policyhook.stores.time", self.clock)
+        self.patch.setattr("policyhook.stores._CHANGES_MAX", 3)
+        self.dir = Path(tempfile.mkdtemp(prefix="policyhook-two-"))
+        self.path = self.dir / "ph.db"
+        self.stores = [SQLiteStore(self.path), SQLiteStore(self.path, ttl=10.0)]
+
+    def teardown(self) -> None:
+        for store in self.stores:
+            store.close()
+        self.patch.undo()
+        shutil.rmtree(self.dir)
+
+    @initialize()
+    def held(self) -> None:
+        """Every id starts held (put through the first connection)."""
+        for source_id in _ID_POOL:
+            self.put(0, source_id)
+
+    def expected(self, ids: frozenset[str]) -> frozenset[str]:
+        with SQLiteStore(self.path) as fresh:
+            return frozenset(i for i, state in fresh.states(ids).items() if state == "live")
+
+    @rule(which=st.integers(0, 1), source_id=_IDS)
+    def put(self, which: int, source_id: str) -> None:
+        self.stores[which].put_source(Source(source_id, "tool_output"), f"text of {source_id}")
+
+    @rule(which=st.integers(0, 1), source_id=_IDS)
+    def evict(self, which: int, source_id: str) -> None:
+        self.stores[which].evict(source_id)
+
+    @rule(seconds=st.sampled_from([1.0, 6.0, 11.0]))
+    def wait(self, seconds: float) -> None:
+        self.clock.now += seconds
+
+    @rule(which=st.integers(0, 1))
+    def fork(self, which: int) -> None:
+        self.stores[which]._after_fork()
+
+    @rule(which=st.integers(0, 1), ids=st.frozensets(_IDS, min_size=1))
+    def live(self, which: int, ids: frozenset[str]) -> None:
+        assert self.stores[which].live(sorted(ids)) == self.expected(ids)
+
+    @rule(which=st.integers(0, 1), ids=st.frozensets(_IDS, min_size=1))
+    def view(self, which: int, ids: frozenset[str]) -> None:
+        assert self.stores[which].view(0, 1, [], ids).live == self.expected(ids)
+
+
+TwoConnections.TestCase.settings = settings(
+    max_examples=80,
+    stateful_step_count=40,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestTwoConnections = TwoConnections.TestCase
