@@ -872,7 +872,7 @@ class Ledger:
         if len(parts) == 1:  # the common case: one message (its sets are shared, not copied)
             sources, kinds = parts[0][2], parts[0][3]
         else:  # the region made of its parts side by side (`Region.merge`)
-            sources = frozenset().union(*[part[2] for part in parts])
+            sources = union([part[2] for part in parts])
             kinds = frozenset().union(*[part[3] for part in parts])
         region = _made(
             Region,
