@@ -1228,11 +1228,10 @@ def bench_loop(report: Report, engine: Mapping[str, float], quick: bool) -> None
         ["k (passes so far = sources)", "call median µs (10 calls up to k)",
          "CPU median µs (50 calls up to k)", "CPU vs k = 10"],
         rows,
-        f"Each pass summarizes [previous summary, new turn]: the region rests on k sources; "
-        f"the liveness cache looks up the new turn only (the previous pass's k were found held, "
-        f"nothing changed since). What is still O(k) per pass, in C: the region's source set "
-        f"made anew (a union of the previous summary's k sources and the new turn) and the "
-        f"cyclic GC visiting it. SQLite file "
+        f"Each pass summarizes [previous summary, new turn]: the region rests on k sources. "
+        f"What is still O(k) per pass, in C: the region's source set made anew (a union of "
+        f"the previous summary's k sources and the new turn), the liveness cache's check that "
+        f"all k are held (a subset test), and the cyclic GC visiting that new set. SQLite file "
         f"after {length:,} passes: {size / 1e6:.1f} MB (summaries stored normalised: one "
         f"parent link each).",
     )  # fmt: skip

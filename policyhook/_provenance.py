@@ -872,7 +872,7 @@ class Ledger:
         if len(parts) == 1:  # the common case: one message (its sets are shared, not copied)
             sources, kinds = parts[0][2], parts[0][3]
         else:  # the region made of its parts side by side (`Region.merge`)
-            sources = union([part[2] for part in parts])
+            sources = frozenset().union(*[part[2] for part in parts])
             kinds = frozenset().union(*[part[3] for part in parts])
         region = _made(
             Region,
@@ -1221,36 +1221,6 @@ _Split = tuple[
     tuple[tuple[int, int, str], ...],
     tuple[_Op, ...] | None,
 ]
-
-
-#: The last source set `union` made in this process: (the union, its largest part, the other
-#: parts' ids), held strongly so that `grown_from` can tell it by identity (never by `id()`,
-#: which a freed set's successor may reuse). Two sets at most; replaced as one tuple (atomic).
-_LAST_UNION: tuple[frozenset[str], frozenset[str], frozenset[str]] | None = None
-
-
-def union(parts: Sequence[frozenset[str]]) -> frozenset[str]:
-    """The union of a region's parts' source sets, noted (`grown_from`) as its largest part
-    plus the ids of the others: a rolling chain's pass is its previous summary's k sources
-    and the new turn, and a store that found those k held for good, with nothing changed
-    since, then looks up the new turn only (`stores._Liveness.everlasting`)."""
-    global _LAST_UNION
-    if len(parts) < 2:
-        return parts[0] if parts else frozenset()
-    largest = max(parts, key=len)
-    added = frozenset().union(*[p for p in parts if p is not largest])
-    made = largest.union(added)
-    _LAST_UNION = (made, largest, added)
-    return made
-
-
-def grown_from(sources: frozenset[str]) -> tuple[frozenset[str], frozenset[str]] | None:
-    """(the set it grew from, the ids added) when `sources` is the last set `union` made;
-    else None (then nothing is known of how it was made)."""
-    last = _LAST_UNION
-    if last is None or last[0] is not sources:
-        return None
-    return last[1], last[2]
 
 
 class _Closures:

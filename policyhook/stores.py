@@ -38,7 +38,6 @@ from policyhook._provenance import (
     anchor_of,
     digest,
     encode,
-    grown_from,
 )
 
 __all__ = ["MemoryStore", "SQLiteStore", "State", "Store", "open_store"]
@@ -420,23 +419,14 @@ class _Liveness:
     """SQLiteStore's cache of when each source id stops being live, kept as sets so that the
     liveness of k ids (a rolling chain's) is a few set operations in C, not k Python steps:
     held with no expiry (`forever`), held until a time (`until`), or not held (the rest of
-    `known`).
+    `known`)."""
 
-    It also remembers the last set it found all held for good (`found`, held: it is the
-    region's set, which its summary's closure keeps anyway) with `demoted` then, a count
-    bumped whenever an id leaves `forever`: while that count stands, that set is still all
-    held for good, and so is a set grown from it (`_provenance.grown_from`) when what was
-    added is: a rolling chain's pass looks up its new turn, not its k sources."""
-
-    __slots__ = ("demoted", "forever", "found", "found_at", "known", "until")
+    __slots__ = ("forever", "known", "until")
 
     def __init__(self) -> None:
         self.known: set[str] = set()
         self.forever: set[str] = set()
         self.until: dict[str, float] = {}
-        self.demoted = 0
-        self.found: frozenset[str] | None = None
-        self.found_at = -1  # `demoted` when `found` was found
 
     def __len__(self) -> int:
         return len(self.known)
@@ -445,7 +435,6 @@ class _Liveness:
         self.known.clear()
         self.forever.clear()
         self.until.clear()
-        self.demoted += 1
 
     def set(self, source_id: str, expires: float) -> None:
         """`expires`: `_FOREVER`, a unix time, or 0 (not held)."""
@@ -454,9 +443,7 @@ class _Liveness:
             self.forever.add(source_id)
             self.until.pop(source_id, None)
         else:
-            if source_id in self.forever:
-                self.forever.discard(source_id)
-                self.demoted += 1
+            self.forever.discard(source_id)
             if expires > 0:
                 self.until[source_id] = expires
             else:
@@ -465,32 +452,15 @@ class _Liveness:
     def unheld(self, ids: Collection[str]) -> None:
         """`set(i, 0.0)` for each of `ids`, in C (none is cached as expiring, usually)."""
         self.known.update(ids)
-        held = len(self.forever)
         self.forever.difference_update(ids)
-        if len(self.forever) != held:
-            self.demoted += 1
         if self.until:
             for i in ids:
                 self.until.pop(i, None)
 
     def everlasting(self, ids: Collection[str]) -> bool:
-        """Whether every one of `ids` is cached as held with no expiry: O(1) for the set last
-        found so, what was added for a set grown from it (while no id left `forever` since),
-        else one C loop over a set (k ids); False for anything but a frozenset."""
-        if not isinstance(ids, frozenset):
-            return False
-        if self.found is not None and self.found_at == self.demoted:
-            if ids is self.found:
-                return True
-            grown = grown_from(ids)
-            if grown is not None and grown[0] is self.found:
-                return self.forever.issuperset(grown[1])
-        return self.forever.issuperset(ids)
-
-    def everlasting_now(self, ids: Collection[str]) -> None:
-        """`ids` were just answered all held for good by a cache in step with the file."""
-        if isinstance(ids, frozenset):
-            self.found, self.found_at = ids, self.demoted
+        """Whether every one of `ids` is cached as held with no expiry: one C loop over a set
+        (a rolling chain's k sources), else False."""
+        return isinstance(ids, frozenset) and self.forever.issuperset(ids)
 
     def missing(self, ids: Collection[str]) -> list[str]:
         if self.known.issuperset(ids):  # the usual case, and one C loop
@@ -923,7 +893,6 @@ class SQLiteStore:
             version = self._db.execute("PRAGMA data_version").fetchone()[0]
             fresh = version == self._expiry_version
             if fresh and cache.everlasting(source_ids):  # nothing k-sized made (`view`)
-                cache.everlasting_now(source_ids)
                 return cast(frozenset[str], source_ids)
             missing = cache.missing(source_ids)
             if fresh and not missing:
@@ -1146,9 +1115,8 @@ class SQLiteStore:
             cache = self._expiry
             if len(cache) > _CACHE_MAX:
                 cache.clear()
-            # A rolling chain's k sources, all cached as held for good: the new turn's lookup
-            # (`_Liveness.everlasting`), and the region's own set is the answer (nothing
-            # k-sized made).
+            # A rolling chain's k sources, all cached as held for good: one C loop, and the
+            # region's own set is the answer (nothing k-sized made; see `_Liveness.forever`).
             everlasting = cache.everlasting(ids)
             missing: Collection[str] = () if everlasting else cache.missing(ids)
             self._asking = ids
@@ -1173,8 +1141,6 @@ class SQLiteStore:
                 self._head = max(self._head, since[-1][1])
             missing, touched = self._caught_up(rows, ids, missing)
             everlasting = everlasting and not touched
-            if everlasting:
-                cache.everlasting_now(ids)
             held = {_text(r[3]): _FOREVER if r[1] is None else r[1] for r in rows if r[0] == "l"}
             cache.unheld(missing)  # not held, unless the statement said so
             for i, expires in held.items():
