@@ -579,6 +579,51 @@ class TestAnotherConnectionsWrites:
             other.close()
 
 
+class TestChainLiveness:
+    """A rolling chain's older turn that stops being live, through this connection or another,
+    refuses the chain's next pass (the liveness cache must not keep answering it held)."""
+
+    @staticmethod
+    def chain(guard: Guard, passes: int) -> tuple[list[str], list[str], str]:
+        words = ["first", "second", "third", "fourth", "fifth", "sixth"][:passes]
+        turns = [f"user turn {w}: the deploy of the {w} service moved" for w in words]
+        ids = [guard.record_source(t, kind="user_turn").id for t in turns]
+        last = guard(lambda m: "the first pass over the deploys", summarizer="s")([turns[0]])
+        for w, turn in zip(words[1:-1], turns[1:-1], strict=True):
+            summarize = guard(lambda m, w=w: f"the {w} pass over the deploys", summarizer="s")
+            last = summarize([last, turn])
+        return turns, ids, last
+
+    def test_an_older_turn_evicted_by_this_connection_is_refused(self, tmp_path: Path) -> None:
+        """Evicted through the guard's own store: the next pass is refused."""
+        store = SQLiteStore(tmp_path / "ph.db")
+        guard = Guard(store=store)
+        turns, ids, last = self.chain(guard, 5)
+        store.evict(ids[1])
+        with pytest.raises(UnsafeRecompactionError) as refused:
+            guard(lambda m: "never called", summarizer="s")([last, turns[-1]])
+        assert refused.value.dead_sources == (ids[1],)
+
+    def test_an_older_turn_given_a_ttl_elsewhere_expires(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Put again by another connection with a TTL: once it passes, the next pass is
+        refused, with no write in between."""
+        clock = _Clock()
+        monkeypatch.setattr("policyhook.stores.time", clock)
+        store = SQLiteStore(tmp_path / "ph.db")
+        guard = Guard(store=store)
+        turns, ids, last = self.chain(guard, 6)
+        with SQLiteStore(tmp_path / "ph.db", ttl=10.0) as other:
+            other.put_source(Source(ids[2], "user_turn"), turns[2])
+        summarize = guard(lambda m: "the sixth pass over the deploys", summarizer="s")
+        last = summarize([last, turns[-2]])
+        clock.now += 11
+        with pytest.raises(UnsafeRecompactionError) as refused:
+            guard(lambda m: "never called", summarizer="s")([last, turns[-1]])
+        assert refused.value.dead_sources == (ids[2],)
+
+
 _ID_POOL = [f"s{i}" for i in range(4)]
 _IDS = st.sampled_from(_ID_POOL)
 
