@@ -75,6 +75,17 @@ def digest(key: bytes, data: bytes) -> str:
     return hashlib.blake2b(data, key=key, digest_size=16).hexdigest()
 
 
+def prefix_digests(key: bytes, data: bytes, cut: int) -> tuple[str, str]:
+    """`(digest(key, data[:cut]), digest(key, data))` in one pass over `data`: a unit and the
+    same unit without its trailing whitespace share every byte up to `cut`, and BLAKE2b is
+    streamed, so the state after the prefix is copied instead of the prefix hashed again."""
+    view = memoryview(data)
+    hashed = hashlib.blake2b(view[:cut], key=key, digest_size=16)
+    prefix = hashed.copy()
+    hashed.update(view[cut:])
+    return prefix.hexdigest(), hashed.hexdigest()
+
+
 def _anchor_hash(key: bytes) -> hashlib.blake2b:
     """The keyed hash anchors are made with, before any data."""
     return hashlib.blake2b(key=key, digest_size=8, person=b"anchor")
