@@ -796,11 +796,17 @@ class Ledger:
         for at, item in enumerate(items):
             if isinstance(item, str):
                 data = encode(item)
-                messages.append(digest(secret, data))
-                digests.append(messages[-1])
                 stripped = item.strip()
-                if stripped != item:
+                if stripped == item:
+                    messages.append(digest(secret, data))
+                elif item.startswith(stripped):  # trailing whitespace only: hashed once for both
+                    cut = len(data) - len(encode(item[len(stripped) :]))
+                    bare[at], whole = prefix_digests(secret, data, cut)
+                    messages.append(whole)
+                else:
+                    messages.append(digest(secret, data))
                     bare[at] = digest(secret, encode(stripped))
+                digests.append(messages[-1])
             else:
                 data = b""
                 digests.append(digest(secret, encode(item.text or item.id)))
