@@ -999,7 +999,7 @@ class Ledger:
             new = self._index.find_added(data, memo[1])
             if new is not None:  # only the texts added since: what was found stands
                 ordered, recipe = memo[3], memo[4]
-                added_hits = self._confirmed(data, new)
+                added_hits = self._confirmed(data, new) if new else None
                 if added_hits:
                     ordered = tuple(sorted({*ordered, *((s, s - e, d) for s, e, d in added_hits)}))
                     recipe = None
