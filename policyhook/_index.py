@@ -48,8 +48,9 @@ _FIND_MAX = 8
 #: sizes, costs at most about twice what the better automaton known in hindsight would have ...
 _DFA_BUILD_BYTES = 4096
 #: ... for levels of up to this many anchors (a DFA takes about 6 KB per anchor, an NFA under
-#: 1 KB: the small, recent levels, some 12 MB at most in all), larger ones only for an input
-#: whose single pass covers the build.
+#: 1 KB): the small, recent levels, about 12 MB for full tiers of 32, 128 and 512 anchors (more
+#: only while merges that left out discarded texts keep extra small levels); larger levels only
+#: for an input whose single pass covers the build.
 _DFA_MAX = 512
 #: Additions `find_added` can search for alone: a caller whose last search is older than this
 #: many additions searches again whole (16 `bytes.find` of a 4 MB input cost about one pass).
