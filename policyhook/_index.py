@@ -42,9 +42,16 @@ _BUILD_BYTES = 256
 #: 1.3 ms, a DFA pass 20 ms), so up to this many anchors (the batch, the smallest levels) are
 #: found with `find`, not with a pass each ...
 _FIND_MAX = 8
-#: ... and DFAs (twice as fast to search, ten times dearer to build) are used for levels whose
-#: build costs at most one pass: `size * _DFA_BUILD_BYTES <= len(input)`.
+#: ... and a level is searched with a DFA (two to four times as fast as an NFA, ten times dearer
+#: to build) once the bytes it has searched cover the DFA's build, `size * _DFA_BUILD_BYTES`
+#: (at once for an input that long): ski rental, so a level searched often, whatever the input
+#: sizes, costs at most about twice what the better automaton known in hindsight would have ...
 _DFA_BUILD_BYTES = 4096
+#: ... for levels of up to this many anchors (a DFA takes about 6 KB per anchor, an NFA under
+#: 1 KB): the small, recent levels, about 12 MB for full tiers of 32, 128 and 512 anchors (more
+#: only while merges that left out discarded texts keep extra small levels); larger levels only
+#: for an input whose single pass covers the build.
+_DFA_MAX = 512
 #: Additions `find_added` can search for alone: a caller whose last search is older than this
 #: many additions searches again whole (16 `bytes.find` of a 4 MB input cost about one pass).
 _LOG = 16
@@ -59,7 +66,7 @@ class _Level:
     level merged into a bigger one before any search (most are, once searches look only for
     the texts added since: `Index.find_added`) costs a list, not a dict and an automaton."""
 
-    __slots__ = ("_dfa", "_items", "_nfa", "anchors", "candidates", "size", "tier")
+    __slots__ = ("_dfa", "_items", "_nfa", "_searched", "anchors", "candidates", "size", "tier")
 
     def __init__(self, items: list[tuple[bytes, Candidate]], tier: int) -> None:
         self.size = len(items)
@@ -69,6 +76,7 @@ class _Level:
         self.candidates: list[list[Candidate]] = []
         self._nfa: ahocorasick_rs.BytesAhoCorasick | None = None
         self._dfa: ahocorasick_rs.BytesAhoCorasick | None = None
+        self._searched = 0  # input bytes searched with this level so far
 
     def items(self) -> list[tuple[bytes, Candidate]]:
         if self._items is not None:
@@ -87,13 +95,19 @@ class _Level:
         self._items = None
 
     def searcher(self, size: int) -> ahocorasick_rs.BytesAhoCorasick:
-        """The automaton to search an input of `size` bytes with (built on first use)."""
+        """The automaton to search an input of `size` bytes with (built on first use): an NFA
+        until the DFA has paid (`_DFA_BUILD_BYTES`), then the DFA for good. Both find every
+        occurrence of every anchor, so which one searches changes only the time it takes."""
         self._group()
-        if self.size * _DFA_BUILD_BYTES <= size:
-            if self._dfa is None:
+        self._searched += size
+        if self._dfa is None:
+            build = self.size * _DFA_BUILD_BYTES
+            if build <= size or (self.size <= _DFA_MAX and build <= self._searched):
                 self._dfa = ahocorasick_rs.BytesAhoCorasick(
                     self.anchors, implementation=ahocorasick_rs.Implementation.DFA
                 )
+                self._nfa = None  # no longer searched with
+        if self._dfa is not None:
             return self._dfa
         if self._nfa is None:
             self._nfa = ahocorasick_rs.BytesAhoCorasick(

@@ -75,6 +75,17 @@ def digest(key: bytes, data: bytes) -> str:
     return hashlib.blake2b(data, key=key, digest_size=16).hexdigest()
 
 
+def prefix_digests(key: bytes, data: bytes, cut: int) -> tuple[str, str]:
+    """`(digest(key, data[:cut]), digest(key, data))` in one pass over `data`: a unit and the
+    same unit without its trailing whitespace share every byte up to `cut`, and BLAKE2b is
+    streamed, so the state after the prefix is copied instead of the prefix hashed again."""
+    view = memoryview(data)
+    hashed = hashlib.blake2b(view[:cut], key=key, digest_size=16)
+    prefix = hashed.copy()
+    hashed.update(view[cut:])
+    return prefix.hexdigest(), hashed.hexdigest()
+
+
 def _anchor_hash(key: bytes) -> hashlib.blake2b:
     """The keyed hash anchors are made with, before any data."""
     return hashlib.blake2b(key=key, digest_size=8, person=b"anchor")
@@ -785,11 +796,17 @@ class Ledger:
         for at, item in enumerate(items):
             if isinstance(item, str):
                 data = encode(item)
-                messages.append(digest(secret, data))
-                digests.append(messages[-1])
                 stripped = item.strip()
-                if stripped != item:
+                if stripped == item:
+                    messages.append(digest(secret, data))
+                elif item.startswith(stripped):  # trailing whitespace only: hashed once for both
+                    cut = len(data) - len(encode(item[len(stripped) :]))
+                    bare[at], whole = prefix_digests(secret, data, cut)
+                    messages.append(whole)
+                else:
+                    messages.append(digest(secret, data))
                     bare[at] = digest(secret, encode(stripped))
+                digests.append(messages[-1])
             else:
                 data = b""
                 digests.append(digest(secret, encode(item.text or item.id)))
@@ -982,7 +999,7 @@ class Ledger:
             new = self._index.find_added(data, memo[1])
             if new is not None:  # only the texts added since: what was found stands
                 ordered, recipe = memo[3], memo[4]
-                added_hits = self._confirmed(data, new)
+                added_hits = self._confirmed(data, new) if new else None
                 if added_hits:
                     ordered = tuple(sorted({*ordered, *((s, s - e, d) for s, e, d in added_hits)}))
                     recipe = None
