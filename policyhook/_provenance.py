@@ -203,11 +203,13 @@ def _same(one: Entry, other: Entry) -> bool:
 
 def _rests_otherwise(earlier: Entry, entry: Entry) -> bool:
     """Whether `entry` (the same text as `earlier`, recorded again) may rest on other sources:
-    its id, parents or direct sources differ. Only then can a closure over it (its own, or one
-    of a summary resting on it) be outgrown; a record that only got deeper or gained kinds (a
-    summarizer giving the same text for the same sources) leaves every closure exact."""
+    its id, kind (a source's text become a summary's), parents or direct sources differ. Only
+    then can a closure over it (its own, or one of a summary resting on it) be outgrown; a
+    record that only got deeper or gained source kinds (a summarizer giving the same text for
+    the same sources) leaves every closure exact."""
     return (
         earlier.id != entry.id
+        or earlier.kind != entry.kind
         or earlier.parents != entry.parents
         or earlier.sources != entry.sources
     )
