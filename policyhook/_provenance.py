@@ -160,7 +160,7 @@ class Entry:
         grows (union of parents and sources, deepest depth), so no summary resting on the
         earlier record can lose a source by it. It keeps the earlier id (a registered text
         that quotes a summary has its source's id): summaries rest on their parents by id."""
-        if earlier is None or earlier.depth == 0 or earlier is self or earlier == self:
+        if earlier is None or earlier.depth == 0 or _same(earlier, self):
             return self
         parents = {*self.parents, *earlier.parents}
         parents.discard(self.id)
@@ -204,6 +204,26 @@ class Entry:
             sources=(source.id,),
             source_kinds=(source.kind,),
         )
+
+
+def _same(one: Entry, other: Entry) -> bool:
+    """`one == other`, as one comparison of their fields in C: the dataclass's `==` builds a
+    tuple of each one's fields first, and every record compares entries."""
+    return one is other or one.__dict__ == other.__dict__
+
+
+def _rests_otherwise(earlier: Entry, entry: Entry) -> bool:
+    """Whether `entry` (the same text as `earlier`, recorded again) may rest on other sources:
+    its id, kind (a source's text become a summary's), parents or direct sources differ. Only
+    then can a closure over it (its own, or one of a summary resting on it) be outgrown; a
+    record that only got deeper or gained source kinds (a summarizer giving the same text for
+    the same sources) leaves every closure exact."""
+    return (
+        earlier.id != entry.id
+        or earlier.kind != entry.kind
+        or earlier.parents != entry.parents
+        or earlier.sources != entry.sources
+    )
 
 
 @dataclass(frozen=True)
@@ -629,7 +649,8 @@ class Ledger:
     ) -> Region:
         """Remember a granted summary's output, so it is recognised when it comes back, with the
         per-fact provenance of its output (`facts`, shared through the store)."""
-        _shapes.check_id("window", window)
+        if not window.isascii():  # (`check_id`'s own first test: an ASCII id is exact)
+            _shapes.check_id("window", window)
         data = encode(text)
         key = digest(self._key, data)
         region_id, depth = f"s:{key[:16]}", summarized.depth + 1
@@ -664,7 +685,7 @@ class Ledger:
         merged = False
         try:
             stored = self._put_summary(entry, text, facts)
-            merged = stored is not entry and stored != entry
+            merged = not _same(stored, entry)
             entry = stored
         except Exception:
             with self._lock:  # owed to the store: written before it is next read
@@ -679,9 +700,11 @@ class Ledger:
             raise
         finally:  # learnt even when the store write fails: recognised in this process still
             with self._lock:
+                cached = self._entries.get(key)
                 self._learn(entry, data)
-                if merged:
-                    self._closures.pop(entry.id)
+                if merged:  # the closure cached stands only if what it rests on did not grow
+                    if cached is None or _rests_otherwise(cached, entry):
+                        self._closures.pop(entry.id)
                 else:  # recorded as built: it rests on exactly what it summarized
                     anchored = self._closures.anchored(entry.parents)
                     self._closures.put(entry.id, region.sources, entry.parents, anchored=anchored)
@@ -741,11 +764,13 @@ class Ledger:
         """`first` (resolved before `view`) with what the view brought: learnt, and resolved
         again if it changed what the input is made of."""
         changed = self._take(view.since, items) or bool(view.entries)
-        self._cursor = max(self._cursor, view.cursor)  # another thread's view may be newer
-        for entry in view.entries.values():
-            self._remember(entry)
-        for summary_id, sources in view.rests_on.items():
-            self._closures.put(summary_id, sources)
+        if view.cursor > self._cursor:  # (another thread's view may be newer)
+            self._cursor = view.cursor
+        if view.entries:  # (`rests_on` is of summaries among them)
+            for entry in view.entries.values():
+                self._remember(entry)
+            for summary_id, sources in view.rests_on.items():
+                self._closures.put(summary_id, sources)
         if view.depth is not None:  # (a thread may have recorded a deeper one meanwhile)
             self._windows[window] = max(self._windows.get(window, 0), view.depth)
             while len(self._windows) > self.max_windows:
@@ -753,7 +778,9 @@ class Ledger:
         if len(view.since) < 1024 and not changed:  # the view changed nothing: `first` stands
             # It found no entries (`changed` would be set), so it answered the liveness of
             # exactly the region's sources: no intersection to take (O(k) on a long chain).
-            return _made(Resolution, {**first.__dict__, "live": view.live})
+            # `first` was made for this call and no one else holds it: completed in place.
+            first.__dict__["live"] = view.live
+            return first
         if len(view.since) >= 1024:  # far behind: catch up the usual way, then resolve
             found = self._resolve(items)
         else:  # caught up by the view: resolve again from what it brought
@@ -875,7 +902,8 @@ class Ledger:
         for part_id, part_depth, sources, _, part_chars in parts:
             chars += part_chars
             if part_depth > 0:
-                depth = max(depth, part_depth)
+                if part_depth > depth:
+                    depth = part_depth
                 summaries[part_id] = None
                 if part_id in cached:
                     parents.add(part_id)
@@ -902,9 +930,16 @@ class Ledger:
                 "text": None,
             },
         )
-        fields = {"region": region, "unregistered": tuple(unregistered)}
-        fields.update(summaries=tuple(summaries), live=None, failure=failure)
-        return _made(Resolution, fields)
+        return _made(
+            Resolution,
+            {
+                "region": region,
+                "unregistered": tuple(unregistered),
+                "summaries": tuple(summaries),
+                "live": None,
+                "failure": failure,
+            },
+        )
 
     def _split(
         self,
@@ -924,8 +959,9 @@ class Ledger:
         memo = self._splits.get(key)
         recipe = memo[4] if memo is not None and memo[3] is ordered else None
         if recipe is not None:
-            known = self._fetch([op[1] for op in recipe if op[0] == _TEXT])
-            if any(op[0] == _TEXT and op[1] not in known for op in recipe):
+            wanted = [op[1] for op in recipe if op[0] == _TEXT]
+            known = self._fetch(wanted)
+            if not all(map(known.__contains__, wanted)):
                 recipe = None  # confirmed by digest, so known: only a racing eviction
         else:
             known = self._fetch([d for *_, d in ordered])
@@ -1146,9 +1182,8 @@ class Ledger:
     def _remember(self, entry: Entry) -> None:
         """Cache an entry (least recently used out: then the index no longer holds everything)."""
         earlier = self._entries.get(entry.digest)
-        grew = earlier is not None and earlier is not entry and earlier != entry
-        if grew:  # merged: it and what rests on it grew
-            self._closures.clear()
+        if earlier is not None and earlier is not entry and _rests_otherwise(earlier, entry):
+            self._closures.clear()  # merged: what it and everything resting on it rest on grew
         elif earlier is None and entry.depth > 0:
             # A summary new to the cache may have been recorded again elsewhere (grown), and a
             # closure the store gave may rest on it: those go. (Anchored ones rest only on
@@ -1196,11 +1231,12 @@ class Ledger:
         rest on one that grew)."""
         changed = False
         drops = self._closures.drops
+        windows = self._windows
         for entry, text in items:
-            if entry.depth > 0 and entry.window in self._windows:  # a deeper pass elsewhere
-                self._windows[entry.window] = max(self._windows[entry.window], entry.depth)
+            if entry.depth > 0 and windows.get(entry.window, entry.depth) < entry.depth:
+                windows[entry.window] = entry.depth  # a deeper pass elsewhere
             cached = self._entries.get(entry.digest)
-            grew = cached is not None and cached is not entry and cached != entry
+            grew = cached is not None and not _same(cached, entry)
             if grew:  # recorded again elsewhere: merged
                 self._remember(entry)
                 changed = True

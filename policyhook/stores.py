@@ -35,6 +35,7 @@ from policyhook._provenance import (
     State,
     Store,
     View,
+    _made,
     anchor_of,
     digest,
     encode,
@@ -106,6 +107,7 @@ class MemoryStore:
         self._lock = threading.Lock()
         self._held: OrderedDict[str, tuple[Source, str, float]] = OrderedDict()  # id -> expiry
         self._dead: OrderedDict[str, State] = OrderedDict()  # the tombstones, oldest first
+        self._timed = False  # a source was put with an expiry (`ttl`): `_expire` has work
         self._of_source: dict[str, set[str]] = {}  # source id -> digests of its entries
         # source id -> digest of the one text it names: every id held or tombstoned (`_named`),
         # then the ids of forgotten tombstones, oldest first (`_retired`, at most `max_ids`)
@@ -155,7 +157,9 @@ class MemoryStore:
         if entry.depth == 0:
             self._of_source.setdefault(entry.id, set()).add(entry.digest)
         self._seq += 1
-        self._unlog(self._order.get(entry.digest))
+        written = self._order.get(entry.digest)
+        if written is not None:
+            self._unlog(written)
         self._order[entry.digest] = self._seq
         self._log_seqs.append(self._seq)
         self._log_digests.append(entry.digest)
@@ -205,6 +209,8 @@ class MemoryStore:
         return (listed,) if isinstance(listed, str) else listed
 
     def _expire(self, now: float) -> None:
+        if not self._timed:  # every source held was put to be held forever
+            return
         while self._held:
             source_id, (_, _, expires) = next(iter(self._held.items()))
             if expires > now:
@@ -239,6 +245,7 @@ class MemoryStore:
             self._named[source.id] = entry.digest
             self._held.pop(source.id, None)
             self._held[source.id] = (source, text, now + self.ttl if self.ttl else float("inf"))
+            self._timed = self._timed or bool(self.ttl)
             self._dead.pop(source.id, None)
             known = self._entries.get(entry.digest)
             if known is None or known.depth == 0:  # a summary's text stays that summary
@@ -293,7 +300,7 @@ class MemoryStore:
             self._by_id[entry.id] = entry
             self._texts[entry.digest] = text
             self._texts.move_to_end(entry.digest)
-            if any(ids for _, ids in facts):
+            if facts and any(ids for _, ids in facts):
                 known = self._facts.setdefault(entry.id, {})
                 for fact, ids in facts:
                     if ids:
@@ -337,7 +344,8 @@ class MemoryStore:
             return self._since(cursor, limit)
 
     def _since(self, cursor: int, limit: int) -> tuple[int, list[tuple[Entry, str | None]]]:
-        self._expire(time.monotonic())
+        if self._timed:
+            self._expire(time.monotonic())
         seqs, digests = self._log_seqs, self._log_digests
         at = bisect.bisect_right(seqs, cursor)  # the first write after cursor
         out: list[tuple[Entry, str | None]] = []
@@ -365,7 +373,7 @@ class MemoryStore:
         """In process: one lock, one pass. A subclass (or an instance) overriding one of the
         reads it is made of (`since`, `lookup`, `rests_on`, `live`, `window_depth`: a test's
         faulty store) is still heard: the view is then made of those calls."""
-        if type(self)._heard or _VIEW_PARTS & self.__dict__.keys():
+        if type(self)._heard or not _VIEW_PARTS.isdisjoint(self.__dict__):
             cursor, items = self.since(cursor, limit)
             entries = self.lookup(digests)
             rests_on = self.rests_on([e.id for e in entries.values() if e.depth > 0])
@@ -375,11 +383,17 @@ class MemoryStore:
         with self._lock:
             cursor, items = self._since(cursor, limit)
             known = self._entries
-            entries = {d: known[d] for d in digests if d in known}
+            entries = {}
+            for d in digests:  # (a loop, not a comprehension: usually one digest, not found)
+                found = known.get(d)
+                if found is not None:
+                    entries[d] = found
             by_id = self._by_id.get
-            rests_on = {
-                e.id: frozenset(_closure(e.id, by_id)) for e in entries.values() if e.depth > 0
-            }
+            rests_on = (
+                {e.id: frozenset(_closure(e.id, by_id)) for e in entries.values() if e.depth > 0}
+                if entries
+                else {}
+            )
             held = self._held
             asked: Collection[str] = source_ids
             if entries:
@@ -387,7 +401,17 @@ class MemoryStore:
                 asked.update(e.id for e in entries.values() if e.depth == 0)
             live = _held(held, asked)  # (expired ones were dropped by `_since`)
             depth = None if window is None else self._depths.get(window, 0)
-        return View(cursor, items, entries, rests_on, live, depth)
+        return _made(  # `View(...)`, without the frozen dataclass's `__setattr__` per field
+            View,
+            {
+                "cursor": cursor,
+                "since": items,
+                "entries": entries,
+                "rests_on": rests_on,
+                "live": live,
+                "depth": depth,
+            },
+        )
 
     def sources(self, limit: int) -> list[tuple[Source, str]]:
         with self._lock:

@@ -741,3 +741,48 @@ class TestClosures:
             second.record_summary(summary_text(1), Region("r2", sources=frozenset({"b"})), "w")
             assert first.resolve(summary_text(2), "w").region.sources == {"a", "b"}
             assert s1.depth == 1 and s2.depth == 2
+
+    def test_a_summary_recorded_again_with_a_new_source_reaches_summaries_of_it(self) -> None:
+        """A summary recorded again on another source (merged: it rests on both) is seen with
+        the new source through every summary resting on it, in the same process."""
+        ledger = Ledger(MemoryStore())
+        ledger.record_summary(summary_text(1), Region("r", sources=frozenset({"a"})), "w")
+        ledger.record_summary(summary_text(2), ledger.resolve(summary_text(1), "w").region, "w")
+        assert ledger.resolve(summary_text(2), "w").region.sources == {"a"}
+        ledger.record_summary(summary_text(1), Region("r2", sources=frozenset({"b"})), "w")
+        assert ledger.resolve(summary_text(2), "w").region.sources == {"a", "b"}
+        assert ledger.resolve(summary_text(1), "w").region.sources == {"a", "b"}
+
+    def test_a_summary_recorded_again_deeper_on_the_same_sources_keeps_closures(self) -> None:
+        """Recorded again deeper but on the same sources (a summarizer giving the same text),
+        a summary's provenance only gets deeper: the closures resting on it stay cached, and
+        stay exact."""
+        ledger = Ledger(MemoryStore())
+        s1 = ledger.record_summary(summary_text(1), Region("r", sources=frozenset({"a"})), "w")
+        s2 = ledger.record_summary(
+            summary_text(2), ledger.resolve(summary_text(1), "w").region, "w"
+        )
+        deeper = Region("r3", depth=4, sources=frozenset({"a"}), source_kinds=frozenset({"k"}))
+        ledger.record_summary(summary_text(1), deeper, "w")
+        assert ledger._closures.get(s2.id) == frozenset({"a"})  # kept: nothing it rests on grew
+        assert ledger.resolve(summary_text(1), "w").region.depth == 5
+        assert ledger.resolve(summary_text(2), "w").region.sources == {"a"}
+        assert ledger.resolve(summary_text(1), "w").region.source_kinds == {"k"}
+        assert s1.depth == 1
+
+    def test_a_summary_recorded_again_on_fewer_sources_still_rests_on_all(self) -> None:
+        """Recorded again from an input resting on only some of its sources, a summary still
+        rests on all of them (provenance only grows): its cached closure is never replaced by
+        the new input's smaller set, so a source it lost is seen dead (no wrong allow)."""
+        store = MemoryStore()
+        guard_ledger = Ledger(store)
+        for source_id in ("a", "b"):
+            store.put_source(Source(source_id, "config_read"), f"original text of {source_id}")
+        both = Region("r", sources=frozenset({"a", "b"}))
+        guard_ledger.record_summary(summary_text(1), both, "w")
+        assert guard_ledger.resolve(summary_text(1), "w").region.sources == {"a", "b"}
+        guard_ledger.record_summary(summary_text(1), Region("r2", sources=frozenset({"a"})), "w")
+        store.evict("b")
+        resolved = guard_ledger.resolve(summary_text(1), "w")
+        assert resolved.region.sources == {"a", "b"}
+        assert resolved.live == frozenset({"a"})
