@@ -358,6 +358,40 @@ class Provenance(RuleBasedStateMachine):
                 if source.kind == "window":
                     self.oracle.archived(text, source.id)
 
+    @precondition(
+        lambda self: any(k.depth > 0 and len(k.sources) > 1 for k in self.oracle.known.values())
+    )
+    @rule(data=st.data(), window=st.sampled_from(["w1", "w2"]))
+    def summarize_again_from_less(self, data: st.DataObject, window: str) -> None:
+        """A summarizer gives a known summary's text again for an input resting on only part of
+        its sources (a retry, a cached model answer); one of its other sources then goes: the
+        summary still rests on it, so it must be refused."""
+        known = self.oracle.known
+        text = data.draw(
+            st.sampled_from(
+                sorted(t for t, k in known.items() if k.depth > 0 and len(k.sources) > 1)
+            )
+        )
+        sources = known[text].sources
+        originals = sorted(
+            t for t, k in known.items() if k.depth == 0 and k.sources and k.sources < sources
+        )
+        if not originals:
+            return
+        original = data.draw(st.sampled_from(originals))
+        found = self.oracle.value([original])
+        guard = self.guard(data)
+        try:
+            with policyhook.request(window=window):
+                guard(lambda value: text, summarizer="property")([original])
+        except UnsafeRecompactionError:
+            return
+        assert not self.must_refuse(found), ("granted", original, found)
+        self.oracle.record_summary(text, found)
+        others = sorted(known[text].sources - known[original].sources)
+        self.stores[0].evict(data.draw(st.sampled_from(others)))
+        self.decide(self.guard(data), [text], window)
+
     @precondition(lambda self: self.source_ids)
     @rule(data=st.data())
     def evict(self, data: st.DataObject) -> None:
