@@ -8,12 +8,12 @@ from unittest import mock
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from index_history import known_texts, replay
 
 from policyhook import _index
 from policyhook._index import _BATCH, Index
 
-TEXTS = [f"known text {i:03}: " + "abcdefghij"[i % 10] * (i % 40) + f" end {i}" for i in range(120)]
-DATA = [t.encode() for t in TEXTS]
+DATA = known_texts(120)
 
 #: An index's life: add text i, discard text i, or search an input made of some of the texts,
 #: padded a little or a lot (the bytes a level has searched decide when it becomes a DFA).
@@ -25,14 +25,6 @@ _OPS = st.lists(
     ),
     max_size=200,
 )
-
-
-def _occurrences(haystack: bytes, needle: bytes) -> list[int]:
-    out, at = [], haystack.find(needle)
-    while at != -1:
-        out.append(at)
-        at = haystack.find(needle, at + 1)
-    return out
 
 
 def _levels_by_kind(index: Index) -> tuple[int, int]:
@@ -56,31 +48,12 @@ class TestSearcher:
         (at once, after a few searches, never: patched costs and caps), every place an indexed
         text occurs in an input is among the candidates and no discarded text is: compared with
         a brute-force search of every indexed text."""
-        index, indexed = Index(), set[int]()
         adds: list[tuple[Any, ...]] = [("add", i) for i in range(first)]
         with (
             mock.patch.object(_index, "_DFA_BUILD_BYTES", build_bytes),
             mock.patch.object(_index, "_DFA_MAX", dfa_max),
         ):
-            for op in adds + ops:
-                if op[0] == "add":
-                    index.add(DATA[op[1]], f"d{op[1]}")
-                    indexed.add(op[1])
-                elif op[0] == "discard":
-                    index.discard(f"d{op[1]}")
-                    indexed.discard(op[1])
-                else:
-                    _, picked, pad = op
-                    filler = b" plain words between. " * pad
-                    value = filler + filler.join(DATA[i] for i in picked) + filler
-                    expected = {
-                        (at, at + len(DATA[i]), f"d{i}")
-                        for i in indexed
-                        for at in _occurrences(value, DATA[i])
-                    }
-                    got = set(index.find(value))
-                    assert expected <= got
-                    assert not {d for _, _, d in got} - {f"d{i}" for i in indexed}
+            replay(Index(), DATA, adds + ops, lambda pad: b" plain words between. " * pad)
 
     def test_a_level_searched_enough_becomes_a_dfa_and_finds_the_same(self) -> None:
         """A level starts as an NFA for small inputs; once the bytes it searched cover the DFA's

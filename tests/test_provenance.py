@@ -11,6 +11,7 @@ from unittest import mock
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from index_history import known_texts, replay
 
 from policyhook import Guard, MemoryStore, Region, Source, SQLiteStore, _index, _provenance
 from policyhook._index import _BATCH, _LARGE_INPUT, Index
@@ -552,39 +553,8 @@ class TestIndexIncremental:
             self._run(adds + ops)
 
     def _run(self, ops: list[tuple[Any, ...]]) -> None:
-        texts = [
-            f"known text {i:03}: " + "abcdefghij"[i % 10] * (i % 40) + f" end {i}"
-            for i in range(200)
-        ]
-        data = [t.encode() for t in texts]
-        index, indexed = Index(), set[int]()
-        for op in ops:
-            if op[0] == "add":
-                index.add(data[op[1]], f"d{op[1]}")
-                indexed.add(op[1])
-            elif op[0] == "discard":
-                index.discard(f"d{op[1]}")
-                indexed.discard(op[1])
-            else:
-                _, picked, large = op
-                filler = b" plain words between. " * (_LARGE_INPUT // 22 // 2 + 1 if large else 1)
-                value = filler + filler.join(data[i] for i in picked) + filler
-                expected = {
-                    (at, at + len(data[i]), f"d{i}")
-                    for i in indexed
-                    for at in _occurrences(value, data[i])
-                }
-                got = set(index.find(value))
-                assert expected <= got
-                assert not {d for _, _, d in got} - {f"d{i}" for i in indexed}
-
-
-def _occurrences(haystack: bytes, needle: bytes) -> list[int]:
-    out, at = [], haystack.find(needle)
-    while at != -1:
-        out.append(at)
-        at = haystack.find(needle, at + 1)
-    return out
+        large = b" plain words between. " * (_LARGE_INPUT // 22 // 2 + 1)
+        replay(Index(), known_texts(200), ops, lambda big: large if big else large[:22])
 
 
 class TestKeyedIds:

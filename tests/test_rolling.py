@@ -350,16 +350,10 @@ class TestRollingChainsAgainstAnOracle:
     another worker recording a chain's summary again, seen by both workers, each with a text
     cache big enough for everything or far too small."""
 
+    @pytest.mark.parametrize("kind", ["memory", "sqlite"])
     @PROPERTY
     @given(ops=OPS, max_texts=st.sampled_from([3, 65_536]), other=st.sampled_from([2, 65_536]))
-    def test_memory_store(
-        self, ops: list[tuple[str, Any]], max_texts: int, other: int, tmp_path: Path
+    def test_store(
+        self, kind: str, ops: list[tuple[str, Any]], max_texts: int, other: int, tmp_path: Path
     ) -> None:
-        run_chains("memory", ops, max_texts, other, tmp_path)
-
-    @PROPERTY
-    @given(ops=OPS, max_texts=st.sampled_from([3, 65_536]), other=st.sampled_from([2, 65_536]))
-    def test_sqlite_store(
-        self, ops: list[tuple[str, Any]], max_texts: int, other: int, tmp_path: Path
-    ) -> None:
-        run_chains("sqlite", ops, max_texts, other, tmp_path)
+        run_chains(kind, ops, max_texts, other, tmp_path)

@@ -1,0 +1,56 @@
+"""An index's life replayed against brute force: the oracle the `policyhook._index` property
+tests share (`tests/test_provenance.py`, `tests/test_index_searcher.py`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from policyhook._index import Index
+
+
+def known_texts(n: int) -> list[bytes]:
+    """`n` texts sharing a prefix, some with long runs of one letter (anchors must tell them apart)."""
+    return [
+        f"known text {i:03}: {'abcdefghij'[i % 10] * (i % 40)} end {i}".encode() for i in range(n)
+    ]
+
+
+def replay(
+    index: Index,
+    data: Sequence[bytes],
+    ops: Sequence[tuple[Any, ...]],
+    filler: Callable[[Any], bytes],
+) -> None:
+    """Apply ("add", i), ("discard", i) and ("find", picked, arg) to `index`. Each find searches
+    the picked texts joined by `filler(arg)`: every place an indexed text occurs must be among
+    the candidates, and no text that is not indexed."""
+    indexed: set[int] = set()
+    for op in ops:
+        if op[0] == "add":
+            index.add(data[op[1]], f"d{op[1]}")
+            indexed.add(op[1])
+        elif op[0] == "discard":
+            index.discard(f"d{op[1]}")
+            indexed.discard(op[1])
+        else:
+            _, picked, arg = op
+            pad = filler(arg)
+            value = pad + pad.join(data[i] for i in picked) + pad
+            expected = {
+                (at, at + len(data[i]), f"d{i}")
+                for i in indexed
+                for at in occurrences(value, data[i])
+            }
+            got = set(index.find(value))
+            assert expected <= got
+            assert not {d for _, _, d in got} - {f"d{i}" for i in indexed}
+
+
+def occurrences(haystack: bytes, needle: bytes) -> list[int]:
+    """Every place `needle` starts in `haystack`, overlapping ones too."""
+    out, at = [], haystack.find(needle)
+    while at != -1:
+        out.append(at)
+        at = haystack.find(needle, at + 1)
+    return out
