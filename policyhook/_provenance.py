@@ -649,8 +649,7 @@ class Ledger:
     ) -> Region:
         """Remember a granted summary's output, so it is recognised when it comes back, with the
         per-fact provenance of its output (`facts`, shared through the store)."""
-        if not window.isascii():  # (`check_id`'s own first test: an ASCII id is exact)
-            _shapes.check_id("window", window)
+        _shapes.check_id("window", window)
         data = encode(text)
         key = digest(self._key, data)
         region_id, depth = f"s:{key[:16]}", summarized.depth + 1

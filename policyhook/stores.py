@@ -344,8 +344,7 @@ class MemoryStore:
             return self._since(cursor, limit)
 
     def _since(self, cursor: int, limit: int) -> tuple[int, list[tuple[Entry, str | None]]]:
-        if self._timed:
-            self._expire(time.monotonic())
+        self._expire(time.monotonic())
         seqs, digests = self._log_seqs, self._log_digests
         at = bisect.bisect_right(seqs, cursor)  # the first write after cursor
         out: list[tuple[Entry, str | None]] = []
