@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import replace
 from itertools import filterfalse
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 from policyhook import _fork
 from policyhook._errors import StoreUnavailableError
@@ -480,22 +480,21 @@ class _Liveness:
             for i in ids:
                 self.until.pop(i, None)
 
-    def everlasting(self, ids: Collection[str]) -> bool:
-        """Whether every one of `ids` is cached as held with no expiry: one C loop over a set
-        (a rolling chain's k sources), else False."""
-        return isinstance(ids, frozenset) and self.forever.issuperset(ids)
+    def unsure(self, ids: frozenset[str]) -> frozenset[str]:
+        """Those of `ids` not cached as held for good: one C loop over `ids`, and nothing
+        k-sized made when every one is (a rolling chain's k sources, or 1,000 ids all held)."""
+        return ids - self.forever
 
-    def missing(self, ids: Collection[str]) -> list[str]:
-        if self.known.issuperset(ids):  # the usual case, and one C loop
-            return []
-        return list(filterfalse(self.known.__contains__, ids))
+    def missing(self, unsure: Collection[str]) -> list[str]:
+        """Those of `unsure` (see `unsure`: every id not cached is among them) not cached."""
+        return list(filterfalse(self.known.__contains__, unsure))
 
-    def held(self, ids: Collection[str], now: float) -> frozenset[str]:
-        """Those of `ids` cached as held at `now` (ids not cached are not: ask them first)."""
-        live = self.forever.intersection(ids)
-        if self.until:
-            live.update(i for i in ids if self.until.get(i, 0.0) > now)
-        return frozenset(live)
+    def held(self, ids: frozenset[str], unsure: Collection[str], now: float) -> frozenset[str]:
+        """Those of `ids` cached as held at `now`, given `unsure(ids)` (ids not cached are not
+        held: ask them first). `ids` itself when every one is: nothing k-sized made."""
+        until = self.until
+        dead = [i for i in unsure if until.get(i, 0.0) <= now]
+        return ids.difference(dead) if dead else ids
 
 
 def _closure(summary_id: str, get: Callable[[str], Entry | None]) -> set[str]:
@@ -652,13 +651,10 @@ class SQLiteStore:
         self._expiry = _Liveness()
         self._expiry_version = -1  # `data_version` when the cache was last brought up to date
         self._changes = 0  # the highest `sources.change` the cache is in step with (`_caught_up`)
-        self._asking: Collection[str] = ()  # the ids a view asks, for `_asked` (under the lock)
         self._db = self._connect()
         with self._lock:
             _wal(self._db)
             self._db.execute("PRAGMA synchronous=NORMAL")
-            # Liveness of 1,000 ids on 10^6 rows touches 1,000 pages: read them by mmap, cached.
-            self._db.execute("PRAGMA mmap_size=1073741824")
             self._db.execute("PRAGMA cache_size=-65536")
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -729,12 +725,7 @@ class SQLiteStore:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         db.execute("PRAGMA busy_timeout=5000")
         db.execute(f"PRAGMA wal_autocheckpoint={_CHECKPOINT_PAGES}")
-        # `view` and `live` ask every id only when the cache is far behind (see `_LIVE`).
-        db.create_function("policyhook_asked", 0, self._asked)
         return db
-
-    def _asked(self) -> str:
-        return json.dumps(list(self._asking))
 
     def _has_table(self, name: str) -> bool:
         row = self._db.execute(
@@ -904,78 +895,82 @@ class SQLiteStore:
 
     def live(self, source_ids: Collection[str]) -> frozenset[str]:
         """From the cache while `PRAGMA data_version` says no other connection committed;
-        else one statement brings what they changed since (`_caught_up`) with the ids the
-        cache lacks."""
+        else one statement brings the source rows they wrote since (`_caught_up`), with the
+        ids the cache lacks."""
         if not source_ids:
             return frozenset()
+        ids = source_ids if isinstance(source_ids, frozenset) else frozenset(source_ids)
         with self._lock:
             self._check_file()
             cache = self._expiry
             if len(cache) > _CACHE_MAX:
                 cache.clear()
+            # Read before the statement below, so never newer than what it brings: at worst
+            # the next lookup catches up once more (a number newer than the cache would let
+            # it skip a commit: a wrong allow).
             version = self._db.execute("PRAGMA data_version").fetchone()[0]
-            fresh = version == self._expiry_version
-            if fresh and cache.everlasting(source_ids):  # nothing k-sized made (`view`)
-                return cast(frozenset[str], source_ids)
-            missing = cache.missing(source_ids)
-            if fresh and not missing:
-                return cache.held(source_ids, time.time())
+            unsure = cache.unsure(ids)
+            missing = cache.missing(unsure) if unsure else []
             now = time.time()
-            self._asking = source_ids
-            try:
-                rows = self._db.execute(
-                    _LIVE,
-                    {
-                        "missing": json.dumps(missing),
-                        "seen": self._changes,
-                        "cap": _CHANGES_MAX,
-                        "now": now,
-                    },
-                ).fetchall()
-            finally:
-                self._asking = ()
-            asked, _ = self._caught_up(rows, source_ids, missing)
-            cache.unheld(asked)  # not held, unless the statement said so
-            for r in rows:
-                if r[0] == "l":
-                    cache.set(_text(r[3]), _FOREVER if r[1] is None else r[1])
-            return cache.held(source_ids, now)
+            if version != self._expiry_version or missing:
+                params: dict[str, Any] = {"seen": self._changes, "cap": _CHANGES_MAX}
+                if missing:
+                    params.update(missing=json.dumps(missing), now=now)
+                rows = self._db.execute(_LIVE if missing else _CHANGED, params).fetchall()
+                if self._caught_up(rows, ids, missing):
+                    unsure = cache.unsure(ids)
+                self._expiry_version = version
+            return cache.held(ids, unsure, now)
 
-    def _caught_up(
-        self, rows: list[Any], ids: Collection[str], missing: Collection[str]
-    ) -> tuple[Collection[str], bool]:
-        """Bring the liveness cache up to a statement's snapshot (`_LIVE`, `_VIEW`): its `x`
-        rows are the source rows written since change `_changes` (by any connection), and each
-        cached id among them takes its state there; past `_CHANGES_MAX` of them the cache is
-        dropped and every id of `ids` was asked. Exact: a row not among them was not written
-        since the cache last looked, so what the cache holds for it stands.
+    def _caught_up(self, rows: list[Any], ids: frozenset[str], missing: Collection[str]) -> bool:
+        """Bring the liveness cache up to a statement's snapshot (`_CHANGED`, `_LIVE`,
+        `_VIEW`): its `x` rows are the source rows written since change `_changes` (by any
+        connection, in change order), and each cached id among them takes its state there;
+        its `l` rows are the held ones among the ids it asked (`missing`, which were not
+        cached, and for `_VIEW` the sources of the entries it found). Exact: a row not among
+        the `x` rows was not written since the cache last looked, so what the cache holds for
+        it stands. At `_CHANGES_MAX` of them there may be more: the cache is dropped, and
+        `ids` with the rest asked are read again, with the highest change, in one statement
+        of their own (`_ASK`: the same snapshot, so the cache is in step with it).
 
-        Returns the ids the statement asked (`missing`, or all of `ids`) and whether a change
-        left one of `ids` cached as anything but held for good (then `everlasting` is void)."""
+        Returns whether the cached state of one of `ids` may have changed (`unsure` is void)."""
         cache = self._expiry
-        top, over = self._changes, 0
+        changed, touched = 0, False
+        known = cache.known
+        held: list[Any] = []
+        for r in rows:
+            tag = r[0]
+            if tag == "x":
+                changed += 1
+                self._changes = max(self._changes, int(r[1]))
+                source_id = _text(r[3])
+                if source_id in known:  # not cached: read from the file when asked
+                    expires = (_FOREVER if r[4] is None else r[4]) if r[2] == "live" else 0.0
+                    cache.set(source_id, expires)
+                    touched = touched or source_id in ids
+            elif tag == "l":
+                held.append(r)
+        if changed >= _CHANGES_MAX:
+            self._ask({*ids, *missing, *(_text(r[3]) for r in held)})
+            return True
+        cache.unheld(missing)  # not held, unless the statement said so
+        for r in held:
+            cache.set(_text(r[3]), _FOREVER if r[1] is None else r[1])
+        return touched or bool(missing) or bool(held)
+
+    def _ask(self, ids: Collection[str]) -> None:
+        """Drop the liveness cache and read `ids` into it afresh, with the highest change
+        number, in one snapshot (`_ASK`)."""
+        cache = self._expiry
+        cache.clear()
+        rows = self._db.execute(_ASK, {"ids": json.dumps(list(ids)), "now": time.time()}).fetchall()
+        cache.unheld(ids)
         for r in rows:
             if r[0] == "m":
-                top, over = r[1], r[2]
-            elif r[0] == "v":
-                self._expiry_version = r[1]
-        if over:
-            cache.clear()
-            missing = ids
-        touched = bool(over)
-        known = cache.known
-        for r in () if over else rows:
-            if r[0] == "x":
-                source_id = _text(r[3])
-                if source_id not in known:
-                    continue  # not cached: read from the file when asked
-                expires = (_FOREVER if r[1] is None else r[1]) if r[2] == "live" else 0.0
-                cache.set(source_id, expires)
-                if expires != _FOREVER and not touched:
-                    touched = source_id in ids
-        if top is not None:
-            self._changes = int(top)
-        return missing, touched
+                if r[1] is not None:
+                    self._changes = int(r[1])
+            else:
+                cache.set(_text(r[3]), _FOREVER if r[1] is None else r[1])
 
     def states(self, source_ids: Collection[str]) -> dict[str, State]:
         if not source_ids:
@@ -1131,7 +1126,7 @@ class SQLiteStore:
         the ids the cache lacks (so a rolling chain's k sources cost k dictionary reads, not a
         k-row join, per decision).
         """
-        ids = source_ids
+        ids = source_ids if isinstance(source_ids, frozenset) else frozenset(source_ids)
         now = time.time()
         with self._lock:
             self._check_file()
@@ -1140,37 +1135,32 @@ class SQLiteStore:
                 cache.clear()
             # A rolling chain's k sources, all cached as held for good: one C loop, and the
             # region's own set is the answer (nothing k-sized made; see `_Liveness.forever`).
-            everlasting = cache.everlasting(ids)
-            missing: Collection[str] = () if everlasting else cache.missing(ids)
-            self._asking = ids
-            try:
-                rows = self._db.execute(
-                    _VIEW,
-                    {
-                        "digests": json.dumps(list(digests)),
-                        "missing": json.dumps(missing),
-                        "seen": self._changes,
-                        "cap": _CHANGES_MAX,
-                        "cursor": cursor,
-                        "limit": limit,
-                        "now": now,
-                        "window": window,
-                    },
-                ).fetchall()
-            finally:
-                self._asking = ()
+            unsure = cache.unsure(ids)
+            missing = cache.missing(unsure) if unsure else []
+            rows = self._db.execute(
+                _VIEW,
+                {
+                    "digests": json.dumps(list(digests)),
+                    "missing": json.dumps(missing),
+                    "seen": self._changes,
+                    "cap": _CHANGES_MAX,
+                    "cursor": cursor,
+                    "limit": limit,
+                    "now": now,
+                    "window": window,
+                },
+            ).fetchall()
             since = [r for r in rows if r[0] == "s"]
             if since:
                 self._head = max(self._head, since[-1][1])
-            missing, touched = self._caught_up(rows, ids, missing)
-            everlasting = everlasting and not touched
-            held = {_text(r[3]): _FOREVER if r[1] is None else r[1] for r in rows if r[0] == "l"}
-            cache.unheld(missing)  # not held, unless the statement said so
-            for i, expires in held.items():
-                cache.set(i, expires)
-            live = ids if everlasting and isinstance(ids, frozenset) else cache.held(ids, now)
-            if held:  # (the sources of entries found, besides `ids`)
-                live = live.union(held)
+            if self._caught_up(rows, ids, missing):
+                unsure = cache.unsure(ids)
+            live = cache.held(ids, unsure, now)
+            # The sources of the entries found, besides `ids`: as the statement read them,
+            # or (after `_ask`) as the cache now holds them.
+            found = {_text(r[3]) for r in rows if r[0] == "l"} - ids
+            if found:
+                live = live.union(cache.held(frozenset(found), cache.unsure(frozenset(found)), now))
         entries = {e.digest: e for e in (_entry(r[2:12]) for r in rows if r[0] == "f")}
         rests_on: dict[str, set[str]] = {e.id: set() for e in entries.values() if e.depth > 0}
         for r in rows:
@@ -1210,38 +1200,34 @@ class SQLiteStore:
         return [(e.region(closures[e.id]), t) for e, t in held]
 
 
-#: The source rows written since change `:seen` (at most `:cap`; `over` when there may be more),
-#: for `SQLiteStore._caught_up`: found by the `sources_change` index, so a cache in step with
-#: the file costs one index probe.
-_CHANGED = """changed (id, state, expires) AS (
-    SELECT id, state, expires FROM sources WHERE change > :seen LIMIT :cap),
-over (o) AS (SELECT count(*) >= :cap FROM changed)"""
-
-#: `SQLiteStore.live`: rows (tag, expiry, state, source id) tagged x (a row written since the
-#: cache last looked), l (a held source id among those asked), m (the highest change, and
-#: whether the cache is too far behind: then every id was asked), v (this connection's
-#: `data_version`, read in the same snapshot).
-_LIVE = f"""
-WITH {_CHANGED},
-ask (id) AS (
-    SELECT value FROM json_each(CASE WHEN (SELECT o FROM over) THEN policyhook_asked()
-                                     ELSE :missing END))
-SELECT 'x', c.expires, c.state, c.id FROM changed AS c WHERE NOT (SELECT o FROM over)
+#: The source rows written since change `:seen`, oldest first (at most `:cap`: at `:cap`
+#: there may be more), as rows (x, change, state, source id, expiry), for
+#: `SQLiteStore._caught_up`: found by the `sources_change` index, so a cache in step with the
+#: file costs one index probe. Nothing else is read, so right after another connection's
+#: commit (which empties SQLite's page cache) a lookup reads page 1 and that index's few pages.
+_X = """SELECT 'x', change, state, id, expires FROM sources WHERE change > :seen
+ORDER BY change LIMIT :cap"""
+_CHANGED = _X
+#: `_HELD` rows (l, expiry, NULL, source id, NULL): the held ones among the ids of `ask`.
+_HELD = """SELECT 'l', s.expires, NULL, s.id, NULL FROM ask JOIN sources AS s ON s.id = ask.id
+WHERE s.state = 'live' AND (s.expires IS NULL OR s.expires > :now)"""
+#: `SQLiteStore.live` when the cache lacks some of the ids asked (`:missing`).
+_LIVE = f"""WITH ask (id) AS (SELECT value FROM json_each(:missing))
+SELECT * FROM ({_X})
 UNION ALL
-SELECT 'l', s.expires, NULL, s.id FROM ask JOIN sources AS s ON s.id = ask.id
-WHERE s.state = 'live' AND (s.expires IS NULL OR s.expires > :now)
+{_HELD}"""
+#: `SQLiteStore._ask`: the highest change number (m) and the held ones among `:ids`, in one
+#: snapshot.
+_ASK = f"""WITH ask (id) AS (SELECT value FROM json_each(:ids))
+SELECT 'm', max(change), NULL, NULL, NULL FROM sources
 UNION ALL
-SELECT 'm', {_LAST_CHANGE}, (SELECT o FROM over), NULL
-UNION ALL
-SELECT 'v', data_version, NULL, NULL FROM pragma_data_version()
-"""
+{_HELD}"""
 
 #: `SQLiteStore.view`: rows (tag, seq or depth, the entry's columns, text or source id), tagged
 #: s (since, in order), f (found by digest), c (a found summary's root id and one of its sources,
-#: transitively), l (a held source id, its expiry in the second column), w (the window's depth),
-#: and x, m, v as in `_LIVE`. Liveness is asked for the ids the cache lacks (`:missing`), or
-#: for every id when the cache is too far behind (`policyhook_asked()`, called only then: CASE
-#: evaluates the branch it takes).
+#: transitively), l (a held source id among those the cache lacks and the sources found, its
+#: expiry in the second column), x as in `_X` (change, state, id, expiry in columns 2-5), and
+#: w (the window's depth).
 _VIEW = f"""
 WITH RECURSIVE
 found AS (
@@ -1254,10 +1240,8 @@ up (root, id) AS (
 closure (root, source) AS (
     SELECT up.root, d.value FROM up
     JOIN entries AS e ON e.id = up.id AND e.depth > 0, json_each(e.direct) AS d),
-{_CHANGED},
 ask (id) AS (
-    SELECT value FROM json_each(CASE WHEN (SELECT o FROM over) THEN policyhook_asked()
-                                     ELSE :missing END)
+    SELECT value FROM json_each(:missing)
     UNION SELECT source FROM closure
     UNION SELECT id FROM found WHERE depth = 0)
 SELECT * FROM (
@@ -1273,14 +1257,7 @@ SELECT 'l', s.expires, NULL, s.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NUL
 FROM ask JOIN sources AS s ON s.id = ask.id
 WHERE s.state = 'live' AND (s.expires IS NULL OR s.expires > :now)
 UNION ALL
-SELECT 'x', c.expires, c.state, c.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-FROM changed AS c WHERE NOT (SELECT o FROM over)
-UNION ALL
-SELECT 'm', {_LAST_CHANGE}, (SELECT o FROM over), NULL, NULL, NULL, NULL,
-    NULL, NULL, NULL, NULL, NULL, NULL
-UNION ALL
-SELECT 'v', data_version, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-FROM pragma_data_version()
+SELECT *, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM ({_X})
 UNION ALL
 SELECT 'w', depth, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM windows WHERE window = :window
