@@ -19,7 +19,6 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import replace
-from itertools import filterfalse
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -485,16 +484,24 @@ class _Liveness:
         k-sized made when every one is (a rolling chain's k sources, or 1,000 ids all held)."""
         return ids - self.forever
 
-    def missing(self, unsure: Collection[str]) -> list[str]:
+    def missing(self, unsure: frozenset[str]) -> list[str]:
         """Those of `unsure` (see `unsure`: every id not cached is among them) not cached."""
-        return list(filterfalse(self.known.__contains__, unsure))
+        return list(unsure - self.known) if unsure else []
 
-    def held(self, ids: frozenset[str], unsure: Collection[str], now: float) -> frozenset[str]:
+    def held(self, ids: frozenset[str], unsure: frozenset[str], now: float) -> frozenset[str]:
         """Those of `ids` cached as held at `now`, given `unsure(ids)` (ids not cached are not
-        held: ask them first). `ids` itself when every one is: nothing k-sized made."""
+        held: ask them first): `ids` itself when none is unsure (nothing k-sized made), else
+        those held for good with, under a TTL, those held until after `now`; in C but for
+        the ids with an expiry."""
+        if not unsure:
+            return ids
+        live = ids & self.forever
         until = self.until
-        dead = [i for i in unsure if until.get(i, 0.0) <= now]
-        return ids.difference(dead) if dead else ids
+        if until:
+            expiring = [i for i in unsure if until.get(i, 0.0) > now]
+            if expiring:
+                return live.union(expiring)
+        return live
 
 
 def _closure(summary_id: str, get: Callable[[str], Entry | None]) -> set[str]:
@@ -655,7 +662,6 @@ class SQLiteStore:
         with self._lock:
             _wal(self._db)
             self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA cache_size=-65536")
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 version = self._db.execute("PRAGMA user_version").fetchone()[0]
@@ -910,7 +916,7 @@ class SQLiteStore:
             # it skip a commit: a wrong allow).
             version = self._db.execute("PRAGMA data_version").fetchone()[0]
             unsure = cache.unsure(ids)
-            missing = cache.missing(unsure) if unsure else []
+            missing = cache.missing(unsure)
             now = time.time()
             if version != self._expiry_version or missing:
                 params: dict[str, Any] = {"seen": self._changes, "cap": _CHANGES_MAX}
@@ -1136,19 +1142,19 @@ class SQLiteStore:
             # A rolling chain's k sources, all cached as held for good: one C loop, and the
             # region's own set is the answer (nothing k-sized made; see `_Liveness.forever`).
             unsure = cache.unsure(ids)
-            missing = cache.missing(unsure) if unsure else []
+            missing = cache.missing(unsure)
+            params: dict[str, Any] = {
+                "seen": self._changes,
+                "cap": _CHANGES_MAX,
+                "cursor": cursor,
+                "limit": limit,
+                "window": window,
+                "now": now,
+            }
+            if digests or missing:  # else nothing to look up: no CTE made (~half the cost)
+                params.update(digests=json.dumps(list(digests)), missing=json.dumps(missing))
             rows = self._db.execute(
-                _VIEW,
-                {
-                    "digests": json.dumps(list(digests)),
-                    "missing": json.dumps(missing),
-                    "seen": self._changes,
-                    "cap": _CHANGES_MAX,
-                    "cursor": cursor,
-                    "limit": limit,
-                    "now": now,
-                    "window": window,
-                },
+                _VIEW if digests or missing else _VIEW_CACHED, params
             ).fetchall()
             since = [r for r in rows if r[0] == "s"]
             if since:
@@ -1223,6 +1229,18 @@ SELECT 'm', max(change), NULL, NULL, NULL FROM sources
 UNION ALL
 {_HELD}"""
 
+#: `SQLiteStore.view` when there is nothing to look up (no digests, every id cached): the
+#: s, x and w rows of `_VIEW` only (its CTEs cost about as much again, empty).
+_VIEW_CACHED = f"""
+SELECT * FROM (
+    SELECT 's', e.seq, {_E_COLUMNS}, CASE WHEN e.depth > 0 THEN e.text ELSE
+        (SELECT s.text FROM sources AS s WHERE s.id = e.id AND s.state = 'live') END
+    FROM entries AS e WHERE e.seq > :cursor ORDER BY e.seq LIMIT :limit)
+UNION ALL
+SELECT *, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM ({_X})
+UNION ALL
+SELECT 'w', depth, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM windows WHERE window = :window"""
 #: `SQLiteStore.view`: rows (tag, seq or depth, the entry's columns, text or source id), tagged
 #: s (since, in order), f (found by digest), c (a found summary's root id and one of its sources,
 #: transitively), l (a held source id among those the cache lacks and the sources found, its
@@ -1244,10 +1262,7 @@ ask (id) AS (
     SELECT value FROM json_each(:missing)
     UNION SELECT source FROM closure
     UNION SELECT id FROM found WHERE depth = 0)
-SELECT * FROM (
-    SELECT 's', e.seq, {_E_COLUMNS}, CASE WHEN e.depth > 0 THEN e.text ELSE
-        (SELECT s.text FROM sources AS s WHERE s.id = e.id AND s.state = 'live') END
-    FROM entries AS e WHERE e.seq > :cursor ORDER BY e.seq LIMIT :limit)
+{_VIEW_CACHED}
 UNION ALL
 SELECT 'f', e.seq, {_E_COLUMNS}, NULL FROM found AS e
 UNION ALL
@@ -1256,11 +1271,6 @@ UNION ALL
 SELECT 'l', s.expires, NULL, s.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM ask JOIN sources AS s ON s.id = ask.id
 WHERE s.state = 'live' AND (s.expires IS NULL OR s.expires > :now)
-UNION ALL
-SELECT *, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM ({_X})
-UNION ALL
-SELECT 'w', depth, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-FROM windows WHERE window = :window
 """
 
 
