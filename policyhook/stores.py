@@ -489,10 +489,10 @@ class _Liveness:
         return list(unsure - self.known) if unsure else []
 
     def held(self, ids: frozenset[str], unsure: frozenset[str], now: float) -> frozenset[str]:
-        """Those of `ids` cached as held at `now`, given `unsure(ids)` (ids not cached are not
-        held: ask them first): `ids` itself when none is unsure (nothing k-sized made), else
-        those held for good with, under a TTL, those held until after `now`; in C but for
-        the ids with an expiry."""
+        """Those of `ids` cached as held at `now`, given `unsure(ids)` or a superset of it (one
+        too small would be a wrong allow; ids not cached are not held: ask them first): `ids`
+        itself when none is unsure (nothing k-sized made), else those held for good with,
+        under a TTL, those held until after `now`; in C but for the ids with an expiry."""
         if not unsure:
             return ids
         live = ids & self.forever
@@ -915,20 +915,21 @@ class SQLiteStore:
             # the next lookup catches up once more (a number newer than the cache would let
             # it skip a commit: a wrong allow).
             version = self._db.execute("PRAGMA data_version").fetchone()[0]
+            now = time.time()
             unsure = cache.unsure(ids)
             missing = cache.missing(unsure)
-            now = time.time()
             if version != self._expiry_version or missing:
                 params: dict[str, Any] = {"seen": self._changes, "cap": _CHANGES_MAX}
                 if missing:
                     params.update(missing=json.dumps(missing), now=now)
                 rows = self._db.execute(_LIVE if missing else _CHANGED, params).fetchall()
-                if self._caught_up(rows, ids, missing):
-                    unsure = cache.unsure(ids)
+                unsure = self._caught_up(rows, ids, unsure, missing)
                 self._expiry_version = version
             return cache.held(ids, unsure, now)
 
-    def _caught_up(self, rows: list[Any], ids: frozenset[str], missing: Collection[str]) -> bool:
+    def _caught_up(
+        self, rows: list[Any], ids: frozenset[str], unsure: frozenset[str], missing: list[str]
+    ) -> frozenset[str]:
         """Bring the liveness cache up to a statement's snapshot (`_CHANGED`, `_LIVE`,
         `_VIEW`): its `x` rows are the source rows written since change `_changes` (by any
         connection, in change order), and each cached id among them takes its state there;
@@ -939,11 +940,13 @@ class SQLiteStore:
         `ids` with the rest asked are read again, with the highest change, in one statement
         of their own (`_ASK`: the same snapshot, so the cache is in step with it).
 
-        Returns whether the cached state of one of `ids` may have changed (`unsure` is void)."""
+        Given `unsure(ids)` as it was before, returns it as it is now: brought up to date for
+        the few of `ids` whose cached state the statement changed (nothing k-sized made)."""
         cache = self._expiry
-        changed, touched = 0, False
+        changed = 0
         known = cache.known
         held: list[Any] = []
+        touched = set(missing)
         for r in rows:
             tag = r[0]
             if tag == "x":
@@ -953,16 +956,22 @@ class SQLiteStore:
                 if source_id in known:  # not cached: read from the file when asked
                     expires = (_FOREVER if r[4] is None else r[4]) if r[2] == "live" else 0.0
                     cache.set(source_id, expires)
-                    touched = touched or source_id in ids
+                    touched.add(source_id)
             elif tag == "l":
                 held.append(r)
         if changed >= _CHANGES_MAX:
             self._ask({*ids, *missing, *(_text(r[3]) for r in held)})
-            return True
+            return cache.unsure(ids)
         cache.unheld(missing)  # not held, unless the statement said so
         for r in held:
-            cache.set(_text(r[3]), _FOREVER if r[1] is None else r[1])
-        return touched or bool(missing) or bool(held)
+            source_id = _text(r[3])
+            cache.set(source_id, _FOREVER if r[1] is None else r[1])
+            touched.add(source_id)
+        touched.intersection_update(ids)
+        if not touched:
+            return unsure
+        forever = cache.forever
+        return (unsure - touched).union(i for i in touched if i not in forever)
 
     def _ask(self, ids: Collection[str]) -> None:
         """Drop the liveness cache and read `ids` into it afresh, with the highest change
@@ -1159,8 +1168,7 @@ class SQLiteStore:
             since = [r for r in rows if r[0] == "s"]
             if since:
                 self._head = max(self._head, since[-1][1])
-            if self._caught_up(rows, ids, missing):
-                unsure = cache.unsure(ids)
+            unsure = self._caught_up(rows, ids, unsure, missing)
             live = cache.held(ids, unsure, now)
             # The sources of the entries found, besides `ids`: as the statement read them,
             # or (after `_ask`) as the cache now holds them.
