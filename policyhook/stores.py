@@ -570,8 +570,10 @@ CREATE TABLE IF NOT EXISTS facts (
 #: Schema 5: every write to a source row gives it the next change number (counted in `meta`,
 #: key 'change': not `max(change)`, which a REPLACE of the newest row would send back), whoever
 #: writes it (this version's statements, an older policyhook still open on the file, a
-#: hand-made INSERT): a trigger, so no writer can skip it. (Nothing deletes a source row: a
-#: tombstone stays; a REPLACE inserts the id again, with a new number.)
+#: hand-made INSERT): a trigger, so no writer can skip it. A deleted row would leave no change
+#: for other connections' caches to read (they would go on answering it live: a wrong allow),
+#: so a DELETE from `sources` is refused; evicting keeps the row as a tombstone. (A REPLACE
+#: deletes without firing triggers and inserts the id again, with a new number.)
 _BUMP = (
     "UPDATE meta SET value = value + 1 WHERE key = 'change'; UPDATE sources SET change = "
     "(SELECT value FROM meta WHERE key = 'change') WHERE rowid = NEW.rowid"
@@ -582,6 +584,9 @@ _CHANGES = (
     f"CREATE TRIGGER IF NOT EXISTS sources_put AFTER INSERT ON sources BEGIN {_BUMP}; END",
     "CREATE TRIGGER IF NOT EXISTS sources_changed AFTER UPDATE OF id, kind, text, expires, "
     f"state, digest ON sources BEGIN {_BUMP}; END",
+    "CREATE TRIGGER IF NOT EXISTS sources_kept BEFORE DELETE ON sources BEGIN SELECT RAISE(ABORT, "
+    "'policyhook: a source row is never deleted (other connections would miss it); evict it "
+    "instead (SQLiteStore.evict)'); END",
 )
 #: The highest change number given (`_CHANGES`), in SQL.
 _LAST_CHANGE = "(SELECT value FROM meta WHERE key = 'change')"

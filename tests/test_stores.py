@@ -462,6 +462,24 @@ class TestAnotherConnectionsWrites:
         assert mine.view(0, 1, [], ids).live == ids - {"s3", "s4"}
         assert mine.live(ids) == ids - {"s3", "s4"}
 
+    def test_a_hand_made_delete_is_refused(self, tmp_path: Path) -> None:
+        """A DELETE leaves no change number for another connection's cache to read, so it
+        would go on answering the id live (a wrong allow): the file refuses it, the row stays
+        and the other connection still sees it held; evicting is the way, and is seen."""
+        mine, other = _two(tmp_path / "ph.db")
+        mine.put_source(Source("s1", "tool_output"), "text s1")
+        assert other.live(["s1"]) == {"s1"}
+        db = sqlite3.connect(tmp_path / "ph.db", isolation_level=None)
+        with pytest.raises(sqlite3.IntegrityError, match=r"never deleted.*evict"):
+            db.execute("DELETE FROM sources WHERE id = 's1'")
+        with pytest.raises(sqlite3.IntegrityError, match="never deleted"):
+            db.execute("DELETE FROM sources")
+        assert db.execute("SELECT count(*) FROM sources").fetchone()[0] == 1
+        db.close()
+        assert other.live(["s1"]) == {"s1"} and mine.get_source("s1") == "text s1"
+        mine.evict("s1")
+        assert other.live(["s1"]) == frozenset()
+
     def test_a_put_is_seen_live_at_once(self, tmp_path: Path) -> None:
         """An id cached as not held (asked before it was put) is live once another
         connection puts it."""
