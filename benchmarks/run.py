@@ -1541,37 +1541,46 @@ def _bench_cold_liveness(report: Report, quick: bool) -> dict[str, Any]:
         def put(i: int) -> None:
             other.put_source(Source(f"new-{i}", "tool_output"), f"a new tool output {i}")
 
-        evicted = ids[-reps:]
+        def memory_put(i: int) -> None:
+            memory.put_source(Source(f"new-{i}", "tool_output"), f"a new tool output {i}")
 
-        def evict(i: int) -> None:
-            other.evict(evicted[i])
+        evicted = ids[-reps:]
 
         def nothing(i: int) -> None:
             pass
 
-        mem = _after(nothing, lambda: memory.live(ids), reps)
+        def dead_at_once(writer: Any, store: Any) -> Stats:
+            """`store.live(ids)` right after `writer` evicted one more of the ids, each
+            evicted id checked dead in that very lookup."""
+            samples, cpu_samples = [], []
+            clock, cpu = time.perf_counter_ns, time.thread_time_ns
+            for i in range(reps):
+                writer.evict(evicted[i])
+                start_cpu, start = cpu(), clock()
+                seen = store.live(ids)
+                samples.append(max(0.0, clock() - start - _TIMER_NS))
+                cpu_samples.append(float(cpu() - start_cpu))
+                assert evicted[i] not in seen and len(seen) == 999 - i  # dead at once, exactly
+            return Stats(samples, cpu_samples)
+
+        # (label, SQLite lookup, MemoryStore's after the same write made to it: an in-memory
+        # store has no other process, so its own put or eviction just before)
         cases = [
-            ("live(), warm (no other commit)", _after(nothing, lambda: store.live(ids), reps)),
+            ("live(), warm (no other commit)", _after(nothing, lambda: store.live(ids), reps),
+             _after(nothing, lambda: memory.live(ids), reps)),
             ("live(), right after another connection put one source",
-             _after(put, lambda: store.live(ids), reps)),
+             _after(put, lambda: store.live(ids), reps),
+             _after(memory_put, lambda: memory.live(ids), reps)),
             ("view() (a decision's one statement), after another connection put one source",
-             _after(lambda i: put(reps + i), lambda: store.view(0, 1, [], chain), reps)),
+             _after(lambda i: put(reps + i), lambda: store.view(0, 1, [], chain), reps),
+             _after(lambda i: memory_put(reps + i), lambda: memory.view(0, 1, [], chain), reps)),
+            ("live(), right after another connection evicted one of the ids",
+             dead_at_once(other, store), dead_at_once(memory, memory)),
         ]  # fmt: skip
-        samples, cpu_samples = [], []
-        clock, cpu = time.perf_counter_ns, time.thread_time_ns
-        for i in range(reps):
-            evict(i)
-            start_cpu, start = cpu(), clock()
-            seen = store.live(ids)
-            samples.append(max(0.0, clock() - start - _TIMER_NS))
-            cpu_samples.append(float(cpu() - start_cpu))
-            assert evicted[i] not in seen and len(seen) == 999 - i  # dead at once, exactly
-        dead = Stats(samples, cpu_samples)
-        cases.append(("live(), right after another connection evicted one of the ids", dead))
         size = sum(p.stat().st_size for p in Path(tmp).glob("big.db*"))
         other.close()
         store.close()
-    for label, stats in cases:
+    for label, stats, mem in cases:
         on_cpu = stats.on_cpu
         data[label] = {"median_ns": stats.median, "p99_ns": stats.p99,
                        "cpu_median_ns": on_cpu.median, "cpu_p99_ns": on_cpu.p99,
@@ -1582,13 +1591,15 @@ def _bench_cold_liveness(report: Report, quick: bool) -> dict[str, Any]:
     report.table(
         f"Liveness of 1,000 ids on {total:,} SQLite rows after another connection's commit",
         ["lookup", "median µs", "p99 µs", "CPU median µs", "CPU p99 µs",
-         "MemoryStore CPU median µs", "CPU vs MemoryStore"],
+         "MemoryStore CPU median µs, the same write before", "CPU vs MemoryStore"],
         rows,
         f"{total:,} source rows ({size / 1e6:.0f} MB file) and a second connection on the same "
         f"file (another process's); each timed lookup comes right after that connection's "
-        f"commit (untimed), {reps:,} times; the evicting row checks each evicted id is dead in "
-        f"the very next lookup. MemoryStore holds the same 1,000 ids (same run). Target: within "
-        f"2x of the in-memory store.",
+        f"commit (untimed), {reps:,} times; the evicting rows check each evicted id is dead in "
+        f"the very next lookup. MemoryStore holds the same 1,000 ids (same run) and is timed "
+        f"the same way, right after the same write (its own put or eviction: an in-memory "
+        f"store has no other process), so both pay what follows a write (caches the writer "
+        f"left cold). Target: within 2x of the in-memory store.",
     )  # fmt: skip
     return {"rows": total, "lookups": data}
 
