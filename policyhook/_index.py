@@ -9,11 +9,21 @@ automata. Anchors are chosen unique: texts sharing a long prefix (a tool-output 
 are anchored further in, so one hit in the input means one candidate to confirm, not N.
 
 The index returns candidates only; the ledger confirms each by digest.
+
+A long input is searched only where it is new: it is cut into chunks at line ends, and where
+anchors lie is remembered by content, with the addition count it is complete for: per chunk (the
+anchors wholly in it) and per seam (the `ANCHOR` - 1 bytes each side of a cut: the anchors across
+it). A piece seen before is searched again only for the texts added since (a `bytes.find` each,
+from the log of the last additions), so a window rendered as one string, new every call but
+sharing most of its bytes with the last, costs its new pieces, not a pass per level over it all.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 import ahocorasick_rs
 
@@ -56,7 +66,21 @@ _DFA_MAX = 512
 #: many additions searches again whole (16 `bytes.find` of a 4 MB input cost about one pass).
 _LOG = 16
 
+#: Inputs at least this long are cut into chunks whose anchors are remembered (`Index.find`) ...
+_CHUNKED = 4096
+#: ... each ending at the first line end at least this many bytes past its start ...
+_CHUNK = 1024
+#: ... or this many bytes past it, where a line is longer (a line end is not sought further) ...
+_CHUNK_MAX = 16 * 1024
+#: ... and at most this many bytes of chunks are remembered (least recently used out); an input
+#: of more than half of it is searched whole, not cycled through the memory.
+_MEMO_BYTES = 16 * 1024 * 1024
+#: What one remembered hit is charged in `_MEMO_BYTES` (a tuple and a list slot).
+_HIT_BYTES = 96
+
 Candidate = tuple[int, int, str, bytes]  # (anchor offset in its text, text size, digest, tail)
+#: Where an anchor lies (its offset in the bytes searched) and the text it points to.
+Hit = tuple[int, Candidate]
 
 
 class _Level:
@@ -117,19 +141,47 @@ class _Level:
 
 
 def _placer(
-    data: bytes, found: list[tuple[int, int, str]], dropped: set[str]
+    data: bytes, found: list[tuple[int, int, str]], digests: set[str]
 ) -> Callable[[int, int, int, str, bytes], None]:
     """`place(at, *candidate)`: keep in `found` the text an anchor found at `at` points to, if
-    it fits in `data`, its tail agrees and it was not discarded."""
+    it fits in `data`, its tail agrees and it is indexed now (`digests`)."""
     size = len(data)
 
     def place(at: int, offset: int, length: int, digest: str, tail: bytes) -> None:
         start = at - offset
         end = start + length
-        if start >= 0 and end <= size and data.endswith(tail, start, end) and digest not in dropped:
+        if start >= 0 and end <= size and data.endswith(tail, start, end) and digest in digests:
             found.append((start, end, digest))
 
     return place
+
+
+def _cuts(data: bytes) -> list[int]:
+    """Where `data` is cut into chunks: 0, then after the first line end at least `_CHUNK`
+    bytes past the last cut (or `_CHUNK_MAX` bytes past it, in a longer line), then its size.
+    Cut by content, so text added at the end or the start leaves the other chunks as they were;
+    an edit inside changes the chunks from it to where the cuts fall in step again."""
+    size, find = len(data), data.find
+    cuts, at = [0], 0
+    while size - at > _CHUNK:
+        end = find(b"\n", at + _CHUNK - 1, at + _CHUNK_MAX - 1)
+        at = end + 1 if end != -1 else at + _CHUNK_MAX
+        if at >= size:
+            break
+        cuts.append(at)
+    cuts.append(size)
+    return cuts
+
+
+def _spans(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The ranges (start, end), sorted by start, merged where they overlap or touch."""
+    spans: list[tuple[int, int]] = []
+    for start, end in ranges:
+        if spans and start <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], end))
+        else:
+            spans.append((start, end))
+    return spans
 
 
 def _tier(size: int) -> int:
@@ -156,6 +208,13 @@ class Index:
         #: The last `_LOG` additions, oldest first (the last one is addition number `added`),
         #: each as a batch item to search for with `bytes.find`.
         self._log: list[tuple[bytes, Candidate]] = []
+        #: Pieces of long inputs searched before (`_chunked`), by their bytes, LRU: a chunk's
+        #: or a seam's -> [the addition count its hits are complete for, its hits: (offset in
+        #: the piece, candidate) of every anchor, of an indexed or a discarded text, lying wholly
+        #: in the chunk or across the seam's middle].
+        self._chunks: OrderedDict[bytes, list[Any]] = OrderedDict()
+        self._seams: OrderedDict[bytes, list[Any]] = OrderedDict()
+        self._memo_bytes = 0  # what both are charged: their keys' bytes and `_HIT_BYTES` a hit
 
     def __len__(self) -> int:
         return len(self._digests)
@@ -246,7 +305,18 @@ class Index:
         size = len(data)
         if size < MIN_BYTES:
             return []
+        chunked = _CHUNKED <= size <= _MEMO_BYTES // 2  # (longer: searched whole, not cycled)
+        hits = self._chunked(data) if chunked else self._hits(data)
         found: list[tuple[int, int, str]] = []
+        place = _placer(data, found, self._digests)
+        for at, candidate in hits:
+            place(at, *candidate)
+        return found
+
+    def _hits(self, data: bytes) -> list[Hit]:
+        """Every place in `data` where an anchor of the automata or the batch lies, with its
+        candidate (a discarded text's too: `find` leaves those out)."""
+        size = len(data)
         levels = self._levels
         fresh = self._fresh
         if size >= _LARGE_INPUT:
@@ -259,20 +329,105 @@ class Index:
                     fresh.extend(level.items())
                 else:
                     levels.append(level)
-        place = _placer(data, found, self._dropped)
-
+        hits: list[Hit] = []
         for level in levels:
             searcher = level.searcher(size)  # (groups `candidates`)
             candidates = level.candidates
             for index, at, _ in searcher.find_matches_as_indexes(data, overlapping=True):
                 for candidate in candidates[index]:
-                    place(at, *candidate)
+                    hits.append((at, candidate))
         for anchor, candidate in fresh:
             at = data.find(anchor)
             while at != -1:
-                place(at, *candidate)
+                hits.append((at, candidate))
                 at = data.find(anchor, at + 1)
-        return found
+        return hits
+
+    def _chunked(self, data: bytes) -> list[Hit]:
+        """`_hits(data)`, searching only the pieces of `data` not remembered: its chunks
+        (`_cuts`) and the seams between them (the `ANCHOR` - 1 bytes on each side of a cut).
+
+        A chunk's entry holds the anchors lying wholly in it, a seam's those across its cut,
+        so every anchor in `data` is in one entry, and each entry is a function of its key's
+        bytes alone. A remembered entry is complete for the texts added up to its count: the
+        ones added since are found with a `bytes.find` each from the log (then it is complete
+        for the count now); one older than the log reaches is searched again. The pieces not
+        remembered are searched in runs, one piece of `data` each (a pass a level)."""
+        added, reach = self.added, ANCHOR - 1
+        cuts = _cuts(data)
+        chunks, seams = self._chunks, self._seams
+        pieces = 2 * len(cuts) - 3  # piece 2j is chunk j, piece 2k - 1 the seam at cut k
+        starts = [0] * pieces
+        keys: list[bytes] = [b""] * pieces
+        hits: list[Hit] = []
+        new: list[int] = []  # the pieces (by number) to search
+        kept: dict[int, list[Any]] = {}  # remembered pieces, the first of each key only
+        seen: set[int] = set()  # (entries' ids: a key twice in `data` is updated once)
+        since = added
+        stale = len(self._log)
+        for piece in range(pieces):
+            if piece % 2 == 0:
+                memo, start = chunks, cuts[piece // 2]
+                key = data[start : cuts[piece // 2 + 1]]
+            else:
+                memo, start = seams, cuts[(piece + 1) // 2] - reach
+                key = data[start : start + 2 * reach]
+            starts[piece], keys[piece] = start, key
+            entry = memo.get(key)
+            if entry is None or added - entry[0] > stale:
+                new.append(piece)
+                continue
+            memo.move_to_end(key)
+            if id(entry) not in seen:
+                seen.add(id(entry))
+                kept[piece] = entry
+                since = min(since, entry[0])
+            hits.extend([(start + at, candidate) for at, candidate in entry[1]])
+
+        def piece_of(at: int, length: int) -> int:
+            """The piece whose entry holds an anchor of `length` bytes at `at`."""
+            chunk = bisect_right(cuts, at) - 1
+            return 2 * chunk if at + min(length, ANCHOR) <= cuts[chunk + 1] else 2 * chunk + 1
+
+        if since < added:  # the texts added since some piece was searched, found in all of it
+            log = self._log
+            for number, (anchor, candidate) in enumerate(log[len(log) - (added - since) :]):
+                addition = since + 1 + number
+                at = data.find(anchor)
+                while at != -1:
+                    hits.append((at, candidate))
+                    piece = piece_of(at, candidate[1])
+                    entry = kept.get(piece)
+                    if entry is not None and entry[0] < addition:
+                        entry[1].append((at - starts[piece], candidate))
+                        self._memo_bytes += _HIT_BYTES
+                    at = data.find(anchor, at + 1)
+            for entry in kept.values():
+                entry[0] = added
+        fresh: dict[int, list[Hit]] = {piece: [] for piece in new}
+        for start, end in _spans([(starts[p], starts[p] + len(keys[p])) for p in new]):
+            for at, candidate in self._hits(data[start:end]):
+                at += start
+                hits.append((at, candidate))
+                piece = piece_of(at, candidate[1])
+                piece_hits = fresh.get(piece)
+                if piece_hits is not None:
+                    piece_hits.append((at - starts[piece], candidate))
+        for piece, piece_hits in fresh.items():
+            memo, key = chunks if piece % 2 == 0 else seams, keys[piece]
+            old = memo.get(key)
+            if old is not None:
+                if old[0] == added:  # the same piece earlier in `data`
+                    continue
+                self._memo_bytes -= len(key) + _HIT_BYTES * len(old[1])  # too old: replaced
+            memo[key] = [added, piece_hits]
+            memo.move_to_end(key)
+            self._memo_bytes += len(key) + _HIT_BYTES * len(piece_hits)
+        while self._memo_bytes > _MEMO_BYTES:  # the least recently used out, chunks first
+            memo = chunks if chunks else seams
+            key, (_, old_hits) = memo.popitem(last=False)
+            self._memo_bytes -= len(key) + _HIT_BYTES * len(old_hits)
+        return hits
 
     def find_added(self, data: bytes, since: int) -> list[tuple[int, int, str]] | None:
         """What `find(data)` gives for the texts added after addition number `since` (the
