@@ -21,8 +21,9 @@ sharing most of its bytes with the last, costs its new pieces, not a pass per le
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
+from itertools import pairwise
 from typing import Any
 
 import ahocorasick_rs
@@ -77,6 +78,8 @@ _CHUNK_MAX = 16 * 1024
 _MEMO_BYTES = 16 * 1024 * 1024
 #: What one remembered hit is charged in `_MEMO_BYTES` (a tuple and a list slot).
 _HIT_BYTES = 96
+#: Bytes at each end of a chunk that, with its size, look it up (`Index._chunked`).
+_ENDS = 32
 
 Candidate = tuple[int, int, str, bytes]  # (anchor offset in its text, text size, digest, tail)
 #: Where an anchor lies (its offset in the bytes searched) and the text it points to.
@@ -173,6 +176,13 @@ def _cuts(data: bytes) -> list[int]:
     return cuts
 
 
+def _charge(key: Any, entry: list[Any]) -> int:
+    """What a remembered piece is charged in `_MEMO_BYTES`: its bytes (a chunk's key holds
+    its ends) and its hits."""
+    held = len(entry[2]) + 2 * _ENDS if len(entry) > 2 else len(key)
+    return held + _HIT_BYTES * len(entry[1])
+
+
 def _spans(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """The ranges (start, end), sorted by start, merged where they overlap or touch."""
     spans: list[tuple[int, int]] = []
@@ -208,13 +218,13 @@ class Index:
         #: The last `_LOG` additions, oldest first (the last one is addition number `added`),
         #: each as a batch item to search for with `bytes.find`.
         self._log: list[tuple[bytes, Candidate]] = []
-        #: Pieces of long inputs searched before (`_chunked`), by their bytes, LRU: a chunk's
-        #: or a seam's -> [the addition count its hits are complete for, its hits: (offset in
-        #: the piece, candidate) of every anchor, of an indexed or a discarded text, lying wholly
-        #: in the chunk or across the seam's middle].
-        self._chunks: OrderedDict[bytes, list[Any]] = OrderedDict()
+        #: Pieces of long inputs searched before (`_chunked`), LRU: a chunk (by its size and
+        #: ends) or a seam (by its bytes) -> [the addition count its hits are complete for, its
+        #: hits: (offset in the piece, candidate) of every anchor, of an indexed or a discarded
+        #: text, lying wholly in the chunk or across the seam's middle, and a chunk's bytes].
+        self._chunks: OrderedDict[tuple[int, bytes, bytes], list[Any]] = OrderedDict()
         self._seams: OrderedDict[bytes, list[Any]] = OrderedDict()
-        self._memo_bytes = 0  # what both are charged: their keys' bytes and `_HIT_BYTES` a hit
+        self._memo_bytes = 0  # what both are charged (`_charge`)
 
     def __len__(self) -> int:
         return len(self._digests)
@@ -352,37 +362,42 @@ class Index:
         bytes alone. A remembered entry is complete for the texts added up to its count: the
         ones added since are found with a `bytes.find` each from the log (then it is complete
         for the count now); one older than the log reaches is searched again. The pieces not
-        remembered are searched in runs, one piece of `data` each (a pass a level)."""
+        remembered are searched in runs, one piece of `data` each (a pass a level). The
+        lookups run in C (`map`): a long input has thousands of pieces, most remembered."""
         added, reach = self.added, ANCHOR - 1
         cuts = _cuts(data)
-        chunks, seams = self._chunks, self._seams
-        pieces = 2 * len(cuts) - 3  # piece 2j is chunk j, piece 2k - 1 the seam at cut k
-        starts = [0] * pieces
-        keys: list[bytes] = [b""] * pieces
+        inner = cuts[1:-1]
+        # A chunk is looked up by its size and ends (hashing every byte of it costs more than
+        # the rest of the lookup), then compared whole with the bytes its entry holds.
+        chunk_keys = [(b - a, data[a : a + _ENDS], data[b - _ENDS : b]) for a, b in pairwise(cuts)]
+        chunk_entries = list(map(self._chunks.get, chunk_keys))
+        for number, entry in enumerate(chunk_entries):
+            if entry is not None and not data.startswith(entry[2], cuts[number]):
+                chunk_entries[number] = None  # other bytes with the same size and ends
+        seam_keys = [data[c - reach : c + reach] for c in inner]
+        seam_entries = list(map(self._seams.get, seam_keys))
+        # Piece 2j is chunk j, piece 2k - 1 the seam at cut k (k >= 1), in the order of `data`.
+        keys: list[Any] = [b""] * (2 * len(chunk_keys) - 1)
+        keys[::2], keys[1::2] = chunk_keys, seam_keys
+        entries: list[list[Any] | None] = [None] * len(keys)
+        entries[::2], entries[1::2] = chunk_entries, seam_entries
+        starts = [0] * len(keys)
+        starts[::2], starts[1::2] = cuts[:-1], [c - reach for c in inner]
+        ends = [0] * len(keys)
+        ends[::2], ends[1::2] = cuts[1:], [min(c + reach, len(data)) for c in inner]
+        oldest = added - len(self._log)  # an entry older than this is searched again
+        new = [p for p, entry in enumerate(entries) if entry is None or entry[0] < oldest]
+        for p in new:
+            entries[p] = None
         hits: list[Hit] = []
-        new: list[int] = []  # the pieces (by number) to search
-        kept: dict[int, list[Any]] = {}  # remembered pieces, the first of each key only
-        seen: set[int] = set()  # (entries' ids: a key twice in `data` is updated once)
         since = added
-        stale = len(self._log)
-        for piece in range(pieces):
-            if piece % 2 == 0:
-                memo, start = chunks, cuts[piece // 2]
-                key = data[start : cuts[piece // 2 + 1]]
-            else:
-                memo, start = seams, cuts[(piece + 1) // 2] - reach
-                key = data[start : start + 2 * reach]
-            starts[piece], keys[piece] = start, key
-            entry = memo.get(key)
-            if entry is None or added - entry[0] > stale:
-                new.append(piece)
-                continue
-            memo.move_to_end(key)
-            if id(entry) not in seen:
-                seen.add(id(entry))
-                kept[piece] = entry
-                since = min(since, entry[0])
-            hits.extend([(start + at, candidate) for at, candidate in entry[1]])
+        for p, entry in enumerate(entries):
+            if entry is not None:
+                if entry[0] < since:
+                    since = entry[0]
+                if entry[1]:
+                    start = starts[p]
+                    hits.extend([(start + at, candidate) for at, candidate in entry[1]])
 
         def piece_of(at: int, length: int) -> int:
             """The piece whose entry holds an anchor of `length` bytes at `at`."""
@@ -390,43 +405,52 @@ class Index:
             return 2 * chunk if at + min(length, ANCHOR) <= cuts[chunk + 1] else 2 * chunk + 1
 
         if since < added:  # the texts added since some piece was searched, found in all of it
-            log = self._log
+            log, grown = self._log, {}
             for number, (anchor, candidate) in enumerate(log[len(log) - (added - since) :]):
                 addition = since + 1 + number
                 at = data.find(anchor)
                 while at != -1:
                     hits.append((at, candidate))
-                    piece = piece_of(at, candidate[1])
-                    entry = kept.get(piece)
+                    p = piece_of(at, candidate[1])
+                    entry = entries[p]
                     if entry is not None and entry[0] < addition:
-                        entry[1].append((at - starts[piece], candidate))
+                        entry[1].append((at - starts[p], candidate))
+                        grown[id(entry)] = entry
                         self._memo_bytes += _HIT_BYTES
                     at = data.find(anchor, at + 1)
-            for entry in kept.values():
-                entry[0] = added
-        fresh: dict[int, list[Hit]] = {piece: [] for piece in new}
-        for start, end in _spans([(starts[p], starts[p] + len(keys[p])) for p in new]):
+            for entry in grown.values():  # (a key twice in `data` got the same hit twice)
+                held = len(entry[1])
+                entry[1] = list(dict.fromkeys(entry[1]))
+                self._memo_bytes -= _HIT_BYTES * (held - len(entry[1]))
+            for entry in entries:
+                if entry is not None:
+                    entry[0] = added
+        fresh: dict[int, list[Hit]] = {p: [] for p in new}
+        for start, end in _spans([(starts[p], ends[p]) for p in new]):
             for at, candidate in self._hits(data[start:end]):
                 at += start
                 hits.append((at, candidate))
-                piece = piece_of(at, candidate[1])
-                piece_hits = fresh.get(piece)
+                p = piece_of(at, candidate[1])
+                piece_hits = fresh.get(p)
                 if piece_hits is not None:
-                    piece_hits.append((at - starts[piece], candidate))
-        for piece, piece_hits in fresh.items():
-            memo, key = chunks if piece % 2 == 0 else seams, keys[piece]
+                    piece_hits.append((at - starts[p], candidate))
+        for p, piece_hits in fresh.items():
+            memo, key = self._chunks if p % 2 == 0 else self._seams, keys[p]
             old = memo.get(key)
             if old is not None:
-                if old[0] == added:  # the same piece earlier in `data`
-                    continue
-                self._memo_bytes -= len(key) + _HIT_BYTES * len(old[1])  # too old: replaced
-            memo[key] = [added, piece_hits]
-            memo.move_to_end(key)
-            self._memo_bytes += len(key) + _HIT_BYTES * len(piece_hits)
+                if old[0] == added and data.startswith(old[-1] if p % 2 == 0 else key, starts[p]):
+                    continue  # the same piece earlier in `data`
+                self._memo_bytes -= _charge(key, old)  # too old, or other bytes: replaced
+            entry = [added, piece_hits] if p % 2 else [added, piece_hits, data[starts[p] : ends[p]]]
+            memo[key] = entry
+            self._memo_bytes += _charge(key, entry)
+        deque(map(self._chunks.move_to_end, chunk_keys), maxlen=0)  # just used: most recent
+        deque(map(self._seams.move_to_end, seam_keys), maxlen=0)
         while self._memo_bytes > _MEMO_BYTES:  # the least recently used out, chunks first
-            memo = chunks if chunks else seams
-            key, (_, old_hits) = memo.popitem(last=False)
-            self._memo_bytes -= len(key) + _HIT_BYTES * len(old_hits)
+            if self._chunks:
+                self._memo_bytes -= _charge(*self._chunks.popitem(last=False))
+            else:
+                self._memo_bytes -= _charge(*self._seams.popitem(last=False))
         return hits
 
     def find_added(self, data: bytes, since: int) -> list[tuple[int, int, str]] | None:

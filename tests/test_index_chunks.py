@@ -3,7 +3,7 @@ the chunks and seams of inputs searched before never hides a place where an inde
 
 The inputs are built the way a window rendered as one string changes between calls: a new one
 from known texts and filler, or an earlier one edited, extended at either end, spliced with
-another or with its lines re-ordered; known texts hold line ends (a cut may fall inside one, so
+another, overwritten in place or with its lines re-ordered; known texts hold line ends (a cut may fall inside one, so
 anchors lie across seams) and share prefixes; texts are indexed, discarded and indexed again
 between searches, sometimes more of them than the log of additions holds. Every input is
 searched as it is made and again later, and each search is compared with brute force: the
@@ -67,6 +67,7 @@ _OPS = st.lists(
         ),
         st.tuples(st.just("new"), _PARTS, st.integers(1, 8)),
         st.tuples(st.just("edit"), st.integers(0, 99), st.integers(0, 1 << 16), _PART),
+        st.tuples(st.just("overwrite"), st.integers(0, 99), st.integers(0, 1 << 16), _PART),
         st.tuples(
             st.just("at_cut"), st.integers(0, 99), st.integers(0, 99), st.integers(-3, 3), _PART
         ),
@@ -148,6 +149,12 @@ class _History:
             cuts = _cuts(value)
             at = min(max(cuts[op[2] % len(cuts)] + op[3], 0), len(value))
             self.made(value[:at] + _built([op[4]]) + value[at:])
+        elif kind == "overwrite":  # the same size, other bytes: a chunk's ends may stay
+            value = self.pick(op[1])
+            at = op[2] % (len(value) + 1)
+            self.made(
+                value[:at] + _built([op[3]])[: len(value) - at] + value[at + len(_built([op[3]])) :]
+            )
         elif kind == "delete":
             value = self.pick(op[1])
             at = op[2] % (len(value) + 1)
@@ -249,4 +256,21 @@ class TestChunkedSearch:
             index.add(b"a text no input holds, number %d" % i, f"other{i}")
         assert {(s, e) for s, e, _ in index.find(value)} == {
             (s, e) for s, e, _ in _occurrences(value, {20})
+        }
+
+    def test_a_seam_is_remembered_by_both_its_sides(self) -> None:
+        """Two inputs cut at the same place after the same bytes, then different ones: the
+        second holds a text across that cut (the first does not); remembering the seam by what
+        precedes the cut alone would take the first input's empty seam for it."""
+        index = Index()
+        text = TEXTS[16]  # b"a\nb\n...": a cut can fall after its first line end
+        index.add(text, "d16")
+        head = b"m" * 1100 + b"\n" + b"n" * 1030
+        first = head + b"a\n" + b"other words, no known text in them\n" * 60
+        second = head + text + b"\n" + b"other words, no known text in them\n" * 60
+        cut = len(head) + 2
+        assert cut in _cuts(first) and cut in _cuts(second)
+        assert index.find(first) == []
+        assert {(s, e, d) for s, e, d in index.find(second)} >= {
+            (len(head), len(head) + len(text), "d16")
         }
