@@ -80,6 +80,9 @@ _MEMO_BYTES = 16 * 1024 * 1024
 _HIT_BYTES = 96
 #: Bytes at each end of a chunk that, with its size, look it up (`Index._chunked`).
 _ENDS = 32
+#: Inputs at least this long are searched for a text added since with an automaton of its
+#: anchor alone, not with `bytes.find` (`_places`; with more anchors its prefilter is slower).
+_MEMMEM_BYTES = 128 * 1024
 
 Candidate = tuple[int, int, str, bytes]  # (anchor offset in its text, text size, digest, tail)
 #: Where an anchor lies (its offset in the bytes searched) and the text it points to.
@@ -174,6 +177,21 @@ def _cuts(data: bytes) -> list[int]:
         cuts.append(at)
     cuts.append(size)
     return cuts
+
+
+def _places(data: bytes, anchor: bytes) -> list[int]:
+    """Where `anchor` lies in `data`, overlapping places too: `bytes.find` after `bytes.find`,
+    or in a long input one ahocorasick-rs pass over it with `anchor` alone (memchr's SIMD
+    search: about six times as fast as `bytes.find` here, for ~25 µs to build)."""
+    if len(data) >= _MEMMEM_BYTES:
+        searcher = ahocorasick_rs.BytesAhoCorasick([anchor])
+        return [at for _, at, _ in searcher.find_matches_as_indexes(data, overlapping=True)]
+    places = []
+    at = data.find(anchor)
+    while at != -1:
+        places.append(at)
+        at = data.find(anchor, at + 1)
+    return places
 
 
 def _charge(key: Any, entry: list[Any]) -> int:
@@ -408,8 +426,7 @@ class Index:
             log, grown = self._log, {}
             for number, (anchor, candidate) in enumerate(log[len(log) - (added - since) :]):
                 addition = since + 1 + number
-                at = data.find(anchor)
-                while at != -1:
+                for at in _places(data, anchor):
                     hits.append((at, candidate))
                     p = piece_of(at, candidate[1])
                     entry = entries[p]
@@ -417,7 +434,6 @@ class Index:
                         entry[1].append((at - starts[p], candidate))
                         grown[id(entry)] = entry
                         self._memo_bytes += _HIT_BYTES
-                    at = data.find(anchor, at + 1)
             for entry in grown.values():  # (a key twice in `data` got the same hit twice)
                 held = len(entry[1])
                 entry[1] = list(dict.fromkeys(entry[1]))
@@ -455,9 +471,10 @@ class Index:
 
     def find_added(self, data: bytes, since: int) -> list[tuple[int, int, str]] | None:
         """What `find(data)` gives for the texts added after addition number `since` (the
-        `added` of an earlier search of the same input), with a `bytes.find` each; None when
-        more were added than the log holds (then search whole). The caller's earlier result
-        stands only while nothing was discarded since (a discarded text may be in it)."""
+        `added` of an earlier search of the same input), a search for each anchor alone
+        (`_places`); None when more were added than the log holds (then search whole). The
+        caller's earlier result stands only while nothing was discarded since (a discarded
+        text may be in it)."""
         count = self.added - since
         if count < 0 or count > len(self._log):
             return None
@@ -468,13 +485,11 @@ class Index:
         for anchor, (offset, length, digest, tail) in self._log[len(self._log) - count :]:
             if digest not in digests or digest in dropped:
                 continue
-            at = data.find(anchor)
-            while at != -1:  # (as `place` in `find`)
+            for at in _places(data, anchor):  # (as `place` in `find`)
                 start = at - offset
                 end = start + length
                 if start >= 0 and end <= size and data.endswith(tail, start, end):
                     found.append((start, end, digest))
-                at = data.find(anchor, at + 1)
         return found
 
     def _consolidate(self, size: int) -> None:

@@ -45,13 +45,14 @@ FILLER = [
     b"short\n" * 40,
     b"ab" * 9,
 ]
-#: (`_CHUNKED`, `_CHUNK`, `_CHUNK_MAX`, `_MEMO_BYTES`): the shipped cuts and memory; small cuts
-#: (many chunks and seams in a short input; `_CHUNK` no shorter than an anchor, as shipped);
-#: small cuts in a memory so small that the least recently used pieces go within one search.
+#: (`_CHUNKED`, `_CHUNK`, `_CHUNK_MAX`, `_MEMO_BYTES`, `_MEMMEM_BYTES`): the shipped cuts and
+#: memory; small cuts (many chunks and seams in a short input; `_CHUNK` no shorter than an
+#: anchor, as shipped), texts added since found by an automaton of one anchor; small cuts in a
+#: memory so small that the least recently used pieces go within one search.
 SHAPES = [
-    (_index._CHUNKED, _index._CHUNK, _index._CHUNK_MAX, _index._MEMO_BYTES),
-    (64, 32, 96, 1 << 24),
-    (48, 40, 200, 600),
+    (_index._CHUNKED, _index._CHUNK, _index._CHUNK_MAX, _index._MEMO_BYTES, _index._MEMMEM_BYTES),
+    (64, 32, 96, 1 << 24, 0),
+    (48, 40, 200, 600, _index._MEMMEM_BYTES),
 ]
 
 _PART = st.one_of(
@@ -181,18 +182,19 @@ class TestChunkedSearch:
         shape=st.sampled_from(SHAPES),
     )
     def test_every_occurrence_is_found_whatever_was_searched_before(
-        self, first: list[int], ops: list[tuple[Any, ...]], shape: tuple[int, int, int, int]
+        self, first: list[int], ops: list[tuple[Any, ...]], shape: tuple[int, ...]
     ) -> None:
         """Inputs made by editing, extending, splicing and re-ordering earlier ones, searched
         as they are made and again, between texts indexed, discarded, indexed again and more
         added than the log holds: every search confirms exactly the places an indexed text
         occurs (brute force), and names no text that is not indexed."""
-        chunked, chunk, chunk_max, memory = shape
+        chunked, chunk, chunk_max, memory, memmem = shape
         with (
             mock.patch.object(_index, "_CHUNKED", chunked),
             mock.patch.object(_index, "_CHUNK", chunk),
             mock.patch.object(_index, "_CHUNK_MAX", chunk_max),
             mock.patch.object(_index, "_MEMO_BYTES", memory),
+            mock.patch.object(_index, "_MEMMEM_BYTES", memmem),
         ):
             history = _History()
             for i in first:
@@ -274,3 +276,20 @@ class TestChunkedSearch:
         assert {(s, e, d) for s, e, d in index.find(second)} >= {
             (len(head), len(head) + len(text), "d16")
         }
+
+    def test_a_periodic_text_added_since_is_found_at_every_overlapping_place(self) -> None:
+        """A text made of one short run repeated, indexed after an input holding a longer run of
+        it was searched: each place it starts (they overlap) is found, whether the texts added
+        since are looked for with `bytes.find` or with an automaton of one anchor."""
+        value = b"".join(b"line %d of the window, words and more words\n" % i for i in range(200))
+        value += b"ab" * 40 + b"\n" + value
+        for memmem in (_index._MEMMEM_BYTES, 0):
+            with mock.patch.object(_index, "_MEMMEM_BYTES", memmem):
+                index = Index()
+                assert index.find(value) == []
+                index.add(TEXTS[-1], "periodic")  # b"ab" * 20
+                places = {s for s, _, _ in index.find(value)}
+                assert places == {s for s, _, _ in _occurrences(value, {len(TEXTS) - 1})}
+                assert len(places) == 21
+                found = index.find_added(value, index.added - 1)
+                assert found is not None and {s for s, _, _ in found} == places
