@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import secrets
 import threading
 from collections import OrderedDict
@@ -44,6 +45,9 @@ _UNWRITTEN = 1_024
 _GAP_KINDS = frozenset((UNREGISTERED,))
 #: Kind given to content that could not be checked because the store did not answer.
 UNVERIFIABLE = "unverifiable"
+#: A character that is not whitespace (`str.isspace`'s, the one `str.strip` strips): a gap
+#: with none is dropped, found without copying the gap out of its message.
+_NONSPACE = re.compile(r"\S")
 
 
 #: Leading UTF-8 bytes of a text that a store indexes it by, for finding it inside longer input.
@@ -476,6 +480,7 @@ class Ledger:
         self.max_windows = max_windows
         self._key = store.secret()
         self._anchors = _anchor_hash(self._key)  # anchor_of's hash, keyed once: copies cost less
+        self._keyed = hashlib.blake2b(key=self._key, digest_size=16)  # `digest`'s, likewise
         self._reader: Store = store  # what recognition reads: the store, or see `_viewed`
         self._lock = threading.RLock()
         self._entries: OrderedDict[str, Entry] = OrderedDict()  # digest -> entry, LRU
@@ -1057,12 +1062,15 @@ class Ledger:
     def _confirmed(
         self, data: bytes, candidates: Iterable[tuple[int, int, str]]
     ) -> set[tuple[int, int, str]]:
-        """The candidates whose bytes are the known text (same keyed digest)."""
-        return {
-            (start, end, key)
-            for start, end, key in set(candidates)
-            if digest(self._key, data[start:end]) == key
-        }
+        """The candidates whose bytes are the known text (same keyed digest: `digest`, from the
+        hash keyed once, over a view of the bytes rather than a copy)."""
+        keyed, view, found = self._keyed, memoryview(data), set()
+        for start, end, key in set(candidates):
+            hashed = keyed.copy()
+            hashed.update(view[start:end])
+            if hashed.hexdigest() == key:
+                found.add((start, end, key))
+        return found
 
     def _ask_store(self, data: bytes) -> list[tuple[int, int, str]]:
         """Where texts the store knows but this process does not cache may start in `data`.
@@ -1155,13 +1163,23 @@ class Ledger:
         source of its own; none if it is only whitespace. A whole message's id is its digest;
         a gap's comes from the message's digest and the gap's place, so the input is hashed
         once."""
-        gap = text[start:end] if ascii else data[start:end].decode("utf-8", "surrogatepass")
-        if not gap.strip():
-            return []
-        whole = start == 0 and end == len(data)
-        place = key if whole else digest(self._key, f"{key}:{start}:{end - start}".encode())
+        if ascii:  # (byte offsets are character offsets): whitespace only, read in place
+            if _NONSPACE.search(text, start, end) is None:
+                return []
+            chars = end - start
+        else:
+            gap = data[start:end].decode("utf-8", "surrogatepass")
+            if gap.isspace():
+                return []
+            chars = len(gap)
+        if start == 0 and end == len(data):
+            place = key
+        else:  # `digest` of the gap's place, from the hash keyed once
+            hashed = self._keyed.copy()
+            hashed.update(f"{key}:{start}:{end - start}".encode())
+            place = hashed.hexdigest()
         source_id = f"{UNREGISTERED}:{place[:16]}"
-        part = (source_id, 0, frozenset((source_id,)), _GAP_KINDS, len(gap))
+        part = (source_id, 0, frozenset((source_id,)), _GAP_KINDS, chars)
         return [(_GAP, "", start, end, part)]
 
     def max_depth(self, window: str) -> int:

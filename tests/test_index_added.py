@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from policyhook import _index
 from policyhook._index import _LOG, Index
 
 TEXTS = [f"known text {i:03}: " + "abcdefghij"[i % 10] * (i % 40) + f" end {i}" for i in range(60)]
@@ -33,14 +36,28 @@ class TestFindAdded:
         dropped=st.lists(st.integers(0, 59), max_size=10),
         after=st.lists(st.integers(0, 59), max_size=_LOG + 4),
         picked=st.lists(st.integers(0, 59), max_size=12),
+        memmem=st.sampled_from([_index._MEMMEM_BYTES, 0]),
     )
     def test_the_earlier_search_and_the_added_texts_make_a_whole_search(
-        self, before: list[int], dropped: list[int], after: list[int], picked: list[int]
+        self,
+        before: list[int],
+        dropped: list[int],
+        after: list[int],
+        picked: list[int],
+        memmem: int,
     ) -> None:
         """Texts indexed (some discarded, before the earlier search), then more added (some of
         them added again after their discard): what the earlier `find` confirmed plus what
         `find_added` confirms is every occurrence of every text indexed now, exactly what a
-        whole `find` confirms; past the log's length it answers None (search whole)."""
+        whole `find` confirms; past the log's length it answers None (search whole). Each
+        added text is looked for with `bytes.find`, or (patched) with an automaton of its
+        anchor alone, as in a long input."""
+        with mock.patch.object(_index, "_MEMMEM_BYTES", memmem):
+            self._check(before, dropped, after, picked)
+
+    def _check(
+        self, before: list[int], dropped: list[int], after: list[int], picked: list[int]
+    ) -> None:
         index = Index()
         for i in before:
             index.add(DATA[i], f"d{i}")

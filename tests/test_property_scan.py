@@ -9,19 +9,24 @@ a long prefix, embedded in others, overlapping others' ends, short, non-ASCII) f
 summarizes messages into summaries (chains), and resolves the same few messages
 again and again, alone, side by side, and padded past `_LARGE_INPUT`. The oracle is a new
 ledger over the same store, which remembers nothing: both must give the same resolution.
-Fixed budget, derandomized: CI stays bounded.
+`ScanWindows` does the same with windows rendered as one string (the index remembers, by
+content, where anchors lie in the chunks and seams of long inputs: `Index._chunked`), each made
+by editing, extending, splicing or re-ordering an earlier one, cut small so that cuts fall
+inside known texts. Fixed budget, derandomized: CI stays bounded.
 """
 
 from __future__ import annotations
 
+import random
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from policyhook import Region, SQLiteStore
+from policyhook import Region, SQLiteStore, _index
 from policyhook._index import _LARGE_INPUT, _LOG
 from policyhook._provenance import Ledger, Resolution
 
@@ -135,11 +140,92 @@ def _seen(found: Resolution) -> tuple[object, ...]:
     return found.region, found.unregistered, found.summaries
 
 
-Scan.TestCase.settings = settings(
-    max_examples=60,
-    stateful_step_count=40,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+#: Filler for windows: lines of several lengths (cut at line ends), and a long line (cut inside,
+#: where lines run past `_CHUNK_MAX`: through known texts too).
+LINES = ["\n", "user: a new turn about the deploy window\n", "café line\n", "y" * 150, " "]
+
+
+class ScanWindows(Scan):
+    """`Scan` with windows rendered as one string, cut small (chunks of 32 to 40 bytes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patches = [
+            mock.patch.object(_index, name, value)
+            for name, value in (("_CHUNKED", 64), ("_CHUNK", 32), ("_CHUNK_MAX", 40))
+        ]
+        for patch in self.patches:
+            patch.start()
+        self.windows: list[str] = [TEXTS[2] + "\n" + LINES[3] + TEXTS[0] + LINES[1] + TEXTS[5]]
+
+    def teardown(self) -> None:
+        for patch in self.patches:
+            patch.stop()
+        super().teardown()
+
+    def same_as_fresh(self, value: str) -> None:
+        got = self.ledger.resolve(value, "w")
+        fresh = Ledger(self.stores[0]).resolve(value, "w")
+        assert got.failure is None and fresh.failure is None
+        assert _seen(got) == _seen(fresh)
+
+    @rule(
+        parts=st.lists(
+            st.one_of(st.integers(0, 7), st.sampled_from(LINES), st.sampled_from(TEXTS)),
+            min_size=1,
+            max_size=8,
+        )
+    )
+    def window(self, parts: list[int | str]) -> None:
+        """A new window: messages, known texts and lines in one string."""
+        value = "".join(
+            self.messages[p % len(self.messages)] if isinstance(p, int) else p for p in parts
+        )
+        self.windows.append(value)
+        self.same_as_fresh(value)
+
+    @rule(
+        which=st.integers(0, 99),
+        other=st.integers(0, 99),
+        how=st.sampled_from(["insert", "delete", "append", "prepend", "splice", "reorder"]),
+        at=st.integers(0, 1 << 16),
+        part=st.sampled_from([*LINES, *TEXTS]),
+    )
+    def edit_window(self, which: int, other: int, how: str, at: int, part: str) -> None:
+        """An earlier window edited as a loop edits its window between calls."""
+        value = self.windows[which % len(self.windows)]
+        at %= len(value) + 1
+        if how == "insert":
+            value = value[:at] + part + value[at:]
+        elif how == "delete":
+            value = value[:at] + value[at + len(part) :]
+        elif how == "append":
+            value += part
+        elif how == "prepend":
+            value = part + value
+        elif how == "splice":
+            rest = self.windows[other % len(self.windows)]
+            value = value[:at] + rest[at % (len(rest) + 1) :]
+        else:
+            lines = value.split("\n")
+            random.Random(at).shuffle(lines)
+            value = "\n".join(lines)
+        self.windows.append(value)
+        self.same_as_fresh(value)
+
+    @rule(which=st.integers(0, 99))
+    def window_again(self, which: int) -> None:
+        """An earlier window again, after whatever was recorded since."""
+        self.same_as_fresh(self.windows[which % len(self.windows)])
+
+
+for machine in (Scan, ScanWindows):
+    machine.TestCase.settings = settings(
+        max_examples=60,
+        stateful_step_count=40,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
 TestScan = Scan.TestCase
+TestScanWindows = ScanWindows.TestCase
