@@ -1276,9 +1276,9 @@ _Split = tuple[
 
 
 class _Closures:
-    """The source sets of recently recorded or resolved summaries (at most `_CLOSURES`), so a
-    summary resolved again is not walked. Exact only while no summary they rest on grows: the
-    ledger clears them when one may have (`Ledger._remember`).
+    """The source sets of recently recorded or resolved summaries (at most `_CLOSURES`, and the
+    parents of the newest), so a summary resolved again is not walked. Exact only while no
+    summary they rest on grows: the ledger clears them when one may have (`Ledger._remember`).
 
     Kept out of the cyclic GC's sight: a frozenset is visited item by item at every collection
     of its generation, so 256 closures of a k-pass rolling chain made each collection cost
@@ -1286,26 +1286,34 @@ class _Closures:
     The newest closure stays the frozenset regions share, so a rolling chain's next pass takes
     it as it is; an older one is kept as a dict of its ids (`dict.fromkeys`: a dict holding
     only str keys and None values is never tracked) and made a frozenset again when asked for.
-    A summary just recorded replaces its parents' closures (a chain's next pass needs only
-    its own), so a rolling chain keeps one closure, and nothing is copied on its hot path.
+    A summary just recorded moves its parents' closures out of the older ones: the one that was
+    the newest (a rolling chain's previous pass, the input a loop summarizes again) is kept as
+    it is, beside the newest, until the next record that is not made from it; the others are
+    dropped. So a rolling chain keeps two closures, a loop summarizing the same input again
+    walks nothing, and nothing is copied on either hot path.
     """
 
-    __slots__ = ("_head", "_head_id", "_older", "_unanchored", "drops")
+    __slots__ = ("_head", "_head_id", "_older", "_parents", "_unanchored", "drops")
 
     def __init__(self) -> None:
         self._head_id: str | None = None
         self._head: frozenset[str] = frozenset()
+        # The newest's parents whose closures were kept as given (see the class docstring).
+        self._parents: dict[str, frozenset[str]] = {}
         self._older: OrderedDict[str, dict[str, None]] = OrderedDict()  # LRU, untracked values
         # Ids whose closure rests on summaries not all cached (`put` with `anchored` False).
         self._unanchored: set[str] = set()
         self.drops = 0  # times closures were dropped as possibly outgrown (`Ledger._take`)
 
     def __len__(self) -> int:
-        return len(self._older) + (self._head_id is not None)
+        return len(self._older) + len(self._parents) + (self._head_id is not None)
 
     def get(self, summary_id: str) -> frozenset[str] | None:
         if summary_id == self._head_id:
             return self._head
+        kept = self._parents.get(summary_id)
+        if kept is not None:
+            return kept
         older = self._older.get(summary_id)
         if older is None:
             return None
@@ -1319,22 +1327,34 @@ class _Closures:
         parents: Collection[str] = (),
         anchored: bool = False,
     ) -> None:
-        """`sources` becomes the newest closure; the one it displaces is kept in the older ones
-        unless it is one of `parents` (the summaries `summary_id` was just made from, when it
-        was just recorded). `anchored`: every summary it rests on was cached when it was made
-        (walked in memory, or recorded on anchored parents), so any growth of one is seen
-        (`Ledger._remember`); a closure the store gave is not, and goes when a summary new to
-        the cache arrives (`drop_unanchored`)."""
-        head_id = self._head_id
+        """`sources` becomes the newest closure. `parents`: the summaries `summary_id` was just
+        made from, when it was just recorded: their closures leave the older ones, the newest
+        one's and those kept from the last record stay as they are (`_parents`), the others
+        go. The newest displaced, if not one of them, joins the older ones. `anchored`: every
+        summary it rests on was cached when it was made (walked in memory, or recorded on
+        anchored parents), so any growth of one is seen (`Ledger._remember`); a closure the
+        store gave is not, and goes when a summary new to the cache arrives
+        (`drop_unanchored`)."""
+        head_id, kept = self._head_id, self._parents
+        if parents:  # a record: what it was made from replaces the last record's parents
+            made_from: dict[str, frozenset[str]] = {}
+            for parent, closure in kept.items():
+                if parent in parents:
+                    made_from[parent] = closure
+                else:
+                    self._unanchored.discard(parent)
+            for parent in parents:
+                if self._older.pop(parent, None) is not None:
+                    self._unanchored.discard(parent)
+            kept = self._parents = made_from
         if head_id is not None and head_id != summary_id:
             if head_id in parents:
-                self._unanchored.discard(head_id)
+                kept[head_id] = self._head
             else:
                 self._older[head_id] = dict.fromkeys(self._head)
                 self._older.move_to_end(head_id)
-        for parent in parents:
-            if self._older.pop(parent, None) is not None:
-                self._unanchored.discard(parent)
+        if kept:
+            kept.pop(summary_id, None)
         self._older.pop(summary_id, None)
         self._head_id, self._head = summary_id, sources
         if anchored:
@@ -1347,7 +1367,8 @@ class _Closures:
     def anchored(self, summary_ids: Iterable[str]) -> bool:
         """Whether each of `summary_ids` has a closure here that is anchored."""
         return all(
-            (i == self._head_id or i in self._older) and i not in self._unanchored
+            (i == self._head_id or i in self._parents or i in self._older)
+            and i not in self._unanchored
             for i in summary_ids
         )
 
@@ -1357,19 +1378,22 @@ class _Closures:
         for summary_id in self._unanchored:
             if summary_id == self._head_id:
                 self._head_id, self._head = None, frozenset()
+            self._parents.pop(summary_id, None)
             self._older.pop(summary_id, None)
         self._unanchored.clear()
 
     def pop(self, summary_id: str) -> None:
         if summary_id == self._head_id:
             self._head_id, self._head = None, frozenset()
+        self._parents.pop(summary_id, None)
         self._older.pop(summary_id, None)
         self._unanchored.discard(summary_id)
 
     def clear(self) -> None:
-        if self._head_id is not None or self._older:
+        if self._head_id is not None or self._parents or self._older:
             self.drops += 1
         self._head_id, self._head = None, frozenset()
+        self._parents = {}
         self._older.clear()
         self._unanchored.clear()
 

@@ -723,6 +723,27 @@ class TestClosures:
         assert ledger.resolve(summary_text(2), "w").region.sources == {"a", "b"}
         assert ledger.resolve(summary_text(1), "w").region.sources == {"a", "b"}
 
+    def test_the_same_input_summarized_again_walks_nothing_and_stays_exact(self) -> None:
+        """A loop summarizing one input again (a new output each time) keeps the closure of the
+        summary it was made from, so the next resolve does not walk it; evicting one of that
+        summary's sources is still seen on the next call."""
+        store = MemoryStore()
+        ledger = Ledger(store)
+        for source in "abc":
+            store.put_source(Source(source, "tool_output"), f"the original text of source {source}")
+        parent = ledger.record_summary(summary_text(1), Region("r", sources=frozenset("ab")), "w")
+        value = [summary_text(1), "a new turn, long enough to be searched for inside text"]
+        with mock.patch.object(Ledger, "_walk", wraps=ledger._walk) as walk:
+            for i in range(3):
+                region = ledger.resolve(value, "w").region
+                ledger.record_summary(f"a new output {i}: {summary_text(9)}", region, "w")
+            assert walk.call_count == 0  # the parent's closure was kept, not walked again
+        assert ledger._closures.get(parent.id) == frozenset("ab")
+        store.evict("b")
+        resolution = ledger.resolve(value, "w")
+        assert {"a", "b"} <= resolution.region.sources and resolution.live is not None
+        assert "b" not in resolution.live
+
     def test_a_summary_recorded_again_deeper_on_the_same_sources_keeps_closures(self) -> None:
         """Recorded again deeper but on the same sources (a summarizer giving the same text),
         a summary's provenance only gets deeper: the closures resting on it stay cached, and
