@@ -37,6 +37,10 @@ _SPLITS = 256
 #: inputs of up to about 60 parts (the key is their digests joined: at most ~0.5 MB in all).
 _REGION_IDS = 256
 _REGION_ID_KEY = 2048
+#: Messages whose digests are remembered (`Ledger._message_digests`): at most this many, all
+#: dropped at once past it, each of at most `_HASHED_CHARS` characters (~4 MB of text in all).
+_HASHED = 256
+_HASHED_CHARS = 16_384
 #: Granted summaries whose store write failed kept for writing again; past this many (a store
 #: down for long), the oldest are dropped with a warning and only this process knows them.
 _UNWRITTEN = 1_024
@@ -491,6 +495,8 @@ class Ledger:
         # reuses its parent's instead of walking the chain.
         self._closures = _Closures()
         self._region_ids: dict[str, str] = {}  # joined digests of recent inputs -> region id
+        # Recent messages and recorded texts -> their digests (`_message_digests`).
+        self._hashed: dict[str, tuple[str, str | None]] = {}
         # Where known texts lie in recently split messages, by message digest (`_found`).
         self._splits: OrderedDict[str, _Split] = OrderedDict()
         # Bumped whenever a text the index found may no longer be (a discard) or a text the store
@@ -651,7 +657,8 @@ class Ledger:
         per-fact provenance of its output (`facts`, shared through the store)."""
         _shapes.check_id("window", window)
         data = encode(text)
-        key = digest(self._key, data)
+        keys = self._hashed.get(text) if type(text) is str else None
+        key = (keys if keys is not None else self._message_digests(text, data))[0]
         region_id, depth = f"s:{key[:16]}", summarized.depth + 1
         region = _made(
             Region,
@@ -819,20 +826,17 @@ class Ledger:
         # looked up stripped too, or a short output (never searched inside longer text) that
         # comes back as the summarizer wrote it would pass for original content.
         bare: dict[int, str] = {}
+        hashed = self._hashed
         for at, item in enumerate(items):
             if isinstance(item, str):
                 data = encode(item)
-                stripped = item.strip()
-                if stripped == item:
-                    messages.append(digest(secret, data))
-                elif item.startswith(stripped):  # trailing whitespace only: hashed once for both
-                    cut = len(data) - len(encode(item[len(stripped) :]))
-                    bare[at], whole = prefix_digests(secret, data, cut)
-                    messages.append(whole)
-                else:
-                    messages.append(digest(secret, data))
-                    bare[at] = digest(secret, encode(stripped))
-                digests.append(messages[-1])
+                keys = hashed.get(item) if type(item) is str else None  # (a subclass may
+                if keys is None:  # compare equal to another text: never looked up here)
+                    keys = self._message_digests(item, data)
+                messages.append(keys[0])
+                if keys[1] is not None:
+                    bare[at] = keys[1]
+                digests.append(keys[0])
             else:
                 data = b""
                 digests.append(digest(secret, encode(item.text or item.id)))
@@ -1089,6 +1093,32 @@ class Ledger:
                     if entry.digest not in self._entries:
                         self._learn(entry, data[at : at + entry.size], check=True)
         return found
+
+    def _message_digests(self, text: str, data: bytes) -> tuple[str, str | None]:
+        """The keyed digest of a message (`data`: its UTF-8 bytes) and, when whitespace
+        surrounds it, of its stripped form (None when it has none); remembered for the next
+        call (`_hashed`), as a pure function of the text and the store's secret.
+
+        Why: a message comes back in the next inputs (a chat's history is resent, an output
+        recorded here is the next input's message), and BLAKE2b over it was most of what
+        resolving it again cost. Only texts of up to `_HASHED_CHARS` are kept (the dict holds
+        them), all dropped at once past `_HASHED`."""
+        secret = self._key
+        stripped = text.strip()
+        if stripped == text:
+            keys: tuple[str, str | None] = (digest(secret, data), None)
+        elif text.startswith(stripped):  # trailing whitespace only: hashed once for both
+            cut = len(data) - len(encode(text[len(stripped) :]))
+            bare, whole = prefix_digests(secret, data, cut)
+            keys = (whole, bare)
+        else:
+            keys = (digest(secret, data), digest(secret, encode(stripped)))
+        if len(text) <= _HASHED_CHARS and type(text) is str:
+            hashed = self._hashed
+            if len(hashed) >= _HASHED:
+                hashed.clear()
+            hashed[text] = keys
+        return keys
 
     def _fetch(self, digests: list[str]) -> dict[str, Entry]:
         """The known entries of `digests`: cached, or brought from the store in one lookup.

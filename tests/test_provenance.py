@@ -744,6 +744,53 @@ class TestClosures:
         assert {"a", "b"} <= resolution.region.sources and resolution.live is not None
         assert "b" not in resolution.live
 
+    @settings(max_examples=60, deadline=None)
+    @given(
+        st.lists(
+            st.tuples(st.sampled_from(["", " ", "\n", "\t "]), st.integers(0, 3),
+                      st.sampled_from(["", " ", "\n\n"])),
+            min_size=1, max_size=6,
+        )
+    )  # fmt: skip
+    def test_remembered_digests_resolve_as_fresh_ones(
+        self, messages: list[tuple[str, int, str]]
+    ) -> None:
+        """Messages whose digests are remembered (`_message_digests`) resolve exactly as with
+        every digest computed again: known summaries, with whitespace around them or not."""
+        store = MemoryStore()
+        ledger, fresh = Ledger(store), Ledger(store)
+        texts = [summary_text(i) for i in range(3)] + ["a turn no store holds, long enough"]
+        for i, text in enumerate(texts[:3]):
+            ledger.record_summary(text, Region(f"r{i}", sources=frozenset({f"s{i}"})), "w")
+        value = [before + texts[i] + after for before, i, after in messages]
+        for _ in range(2):
+            got = ledger.resolve(value, "w")
+            with mock.patch.object(_provenance, "_HASHED_CHARS", -1):  # nothing remembered
+                fresh._hashed.clear()
+                expected = fresh.resolve(value, "w")
+            assert (got.region, got.unregistered, got.summaries) == (
+                expected.region, expected.unregistered, expected.summaries,
+            )  # fmt: skip
+            assert got.region.depth == (0 if all(i == 3 for _, i, _ in messages) else 1)
+
+    def test_a_str_subclass_is_never_taken_for_a_remembered_text(self) -> None:
+        """A str subclass that compares equal to any text is hashed for what it holds, not
+        given the digests remembered for a text it claims to equal."""
+
+        class Equal(str):
+            def __eq__(self, other: object) -> bool:
+                return True
+
+            def __hash__(self) -> int:
+                return hash(summary_text(1))
+
+        ledger = Ledger(MemoryStore())
+        ledger.record_summary(summary_text(1), Region("r", sources=frozenset({"a"})), "w")
+        assert ledger.resolve(summary_text(1), "w").region.depth == 1
+        assert (
+            ledger.resolve([Equal("a turn that is no summary at all, long")], "w").region.depth == 0
+        )
+
     def test_a_summary_recorded_again_deeper_on_the_same_sources_keeps_closures(self) -> None:
         """Recorded again deeper but on the same sources (a summarizer giving the same text),
         a summary's provenance only gets deeper: the closures resting on it stay cached, and
