@@ -38,6 +38,10 @@ _SPLITS = 256
 #: inputs of up to about 60 parts (the key is their digests joined: at most ~0.5 MB in all).
 _REGION_IDS = 256
 _REGION_ID_KEY = 2048
+#: Messages whose digests are remembered (`Ledger._message_digests`): at most this many, all
+#: dropped at once past it, each of at most `_HASHED_CHARS` characters (~4 MB of text in all).
+_HASHED = 256
+_HASHED_CHARS = 16_384
 #: Granted summaries whose store write failed kept for writing again; past this many (a store
 #: down for long), the oldest are dropped with a warning and only this process knows them.
 _UNWRITTEN = 1_024
@@ -496,6 +500,8 @@ class Ledger:
         # reuses its parent's instead of walking the chain.
         self._closures = _Closures()
         self._region_ids: dict[str, str] = {}  # joined digests of recent inputs -> region id
+        # Recent messages and recorded texts -> their digests (`_message_digests`).
+        self._hashed: dict[str, tuple[str, str | None]] = {}
         # Where known texts lie in recently split messages, by message digest (`_found`).
         self._splits: OrderedDict[str, _Split] = OrderedDict()
         # Bumped whenever a text the index found may no longer be (a discard) or a text the store
@@ -656,7 +662,8 @@ class Ledger:
         per-fact provenance of its output (`facts`, shared through the store)."""
         _shapes.check_id("window", window)
         data = encode(text)
-        key = digest(self._key, data)
+        keys = self._hashed.get(text) if type(text) is str else None
+        key = (keys if keys is not None else self._message_digests(text, data))[0]
         region_id, depth = f"s:{key[:16]}", summarized.depth + 1
         region = _made(
             Region,
@@ -824,20 +831,17 @@ class Ledger:
         # looked up stripped too, or a short output (never searched inside longer text) that
         # comes back as the summarizer wrote it would pass for original content.
         bare: dict[int, str] = {}
+        hashed = self._hashed
         for at, item in enumerate(items):
             if isinstance(item, str):
                 data = encode(item)
-                stripped = item.strip()
-                if stripped == item:
-                    messages.append(digest(secret, data))
-                elif item.startswith(stripped):  # trailing whitespace only: hashed once for both
-                    cut = len(data) - len(encode(item[len(stripped) :]))
-                    bare[at], whole = prefix_digests(secret, data, cut)
-                    messages.append(whole)
-                else:
-                    messages.append(digest(secret, data))
-                    bare[at] = digest(secret, encode(stripped))
-                digests.append(messages[-1])
+                keys = hashed.get(item) if type(item) is str else None  # (a subclass may
+                if keys is None:  # compare equal to another text: never looked up here)
+                    keys = self._message_digests(item, data)
+                messages.append(keys[0])
+                if keys[1] is not None:
+                    bare[at] = keys[1]
+                digests.append(keys[0])
             else:
                 data = b""
                 digests.append(digest(secret, encode(item.text or item.id)))
@@ -1098,6 +1102,32 @@ class Ledger:
                         self._learn(entry, data[at : at + entry.size], check=True)
         return found
 
+    def _message_digests(self, text: str, data: bytes) -> tuple[str, str | None]:
+        """The keyed digest of a message (`data`: its UTF-8 bytes) and, when whitespace
+        surrounds it, of its stripped form (None when it has none); remembered for the next
+        call (`_hashed`), as a pure function of the text and the store's secret.
+
+        Why: a message comes back in the next inputs (a chat's history is resent, an output
+        recorded here is the next input's message), and BLAKE2b over it was most of what
+        resolving it again cost. Only texts of up to `_HASHED_CHARS` are kept (the dict holds
+        them), all dropped at once past `_HASHED`."""
+        secret = self._key
+        stripped = text.strip()
+        if stripped == text:
+            keys: tuple[str, str | None] = (digest(secret, data), None)
+        elif text.startswith(stripped):  # trailing whitespace only: hashed once for both
+            cut = len(data) - len(encode(text[len(stripped) :]))
+            bare, whole = prefix_digests(secret, data, cut)
+            keys = (whole, bare)
+        else:
+            keys = (digest(secret, data), digest(secret, encode(stripped)))
+        if len(text) <= _HASHED_CHARS and type(text) is str:
+            hashed = self._hashed
+            if len(hashed) >= _HASHED:
+                hashed.clear()
+            hashed[text] = keys
+        return keys
+
     def _fetch(self, digests: list[str]) -> dict[str, Entry]:
         """The known entries of `digests`: cached, or brought from the store in one lookup.
 
@@ -1294,9 +1324,9 @@ _Split = tuple[
 
 
 class _Closures:
-    """The source sets of recently recorded or resolved summaries (at most `_CLOSURES`), so a
-    summary resolved again is not walked. Exact only while no summary they rest on grows: the
-    ledger clears them when one may have (`Ledger._remember`).
+    """The source sets of recently recorded or resolved summaries (at most `_CLOSURES`, and the
+    parents of the newest), so a summary resolved again is not walked. Exact only while no
+    summary they rest on grows: the ledger clears them when one may have (`Ledger._remember`).
 
     Kept out of the cyclic GC's sight: a frozenset is visited item by item at every collection
     of its generation, so 256 closures of a k-pass rolling chain made each collection cost
@@ -1304,26 +1334,34 @@ class _Closures:
     The newest closure stays the frozenset regions share, so a rolling chain's next pass takes
     it as it is; an older one is kept as a dict of its ids (`dict.fromkeys`: a dict holding
     only str keys and None values is never tracked) and made a frozenset again when asked for.
-    A summary just recorded replaces its parents' closures (a chain's next pass needs only
-    its own), so a rolling chain keeps one closure, and nothing is copied on its hot path.
+    A summary just recorded moves its parents' closures out of the older ones: the one that was
+    the newest (a rolling chain's previous pass, the input a loop summarizes again) is kept as
+    it is, beside the newest, until the next record that is not made from it; the others are
+    dropped. So a rolling chain keeps two closures, a loop summarizing the same input again
+    walks nothing, and nothing is copied on either hot path.
     """
 
-    __slots__ = ("_head", "_head_id", "_older", "_unanchored", "drops")
+    __slots__ = ("_head", "_head_id", "_older", "_parents", "_unanchored", "drops")
 
     def __init__(self) -> None:
         self._head_id: str | None = None
         self._head: frozenset[str] = frozenset()
+        # The newest's parents whose closures were kept as given (see the class docstring).
+        self._parents: dict[str, frozenset[str]] = {}
         self._older: OrderedDict[str, dict[str, None]] = OrderedDict()  # LRU, untracked values
         # Ids whose closure rests on summaries not all cached (`put` with `anchored` False).
         self._unanchored: set[str] = set()
         self.drops = 0  # times closures were dropped as possibly outgrown (`Ledger._take`)
 
     def __len__(self) -> int:
-        return len(self._older) + (self._head_id is not None)
+        return len(self._older) + len(self._parents) + (self._head_id is not None)
 
     def get(self, summary_id: str) -> frozenset[str] | None:
         if summary_id == self._head_id:
             return self._head
+        kept = self._parents.get(summary_id)
+        if kept is not None:
+            return kept
         older = self._older.get(summary_id)
         if older is None:
             return None
@@ -1337,22 +1375,34 @@ class _Closures:
         parents: Collection[str] = (),
         anchored: bool = False,
     ) -> None:
-        """`sources` becomes the newest closure; the one it displaces is kept in the older ones
-        unless it is one of `parents` (the summaries `summary_id` was just made from, when it
-        was just recorded). `anchored`: every summary it rests on was cached when it was made
-        (walked in memory, or recorded on anchored parents), so any growth of one is seen
-        (`Ledger._remember`); a closure the store gave is not, and goes when a summary new to
-        the cache arrives (`drop_unanchored`)."""
-        head_id = self._head_id
+        """`sources` becomes the newest closure. `parents`: the summaries `summary_id` was just
+        made from, when it was just recorded: their closures leave the older ones, the newest
+        one's and those kept from the last record stay as they are (`_parents`), the others
+        go. The newest displaced, if not one of them, joins the older ones. `anchored`: every
+        summary it rests on was cached when it was made (walked in memory, or recorded on
+        anchored parents), so any growth of one is seen (`Ledger._remember`); a closure the
+        store gave is not, and goes when a summary new to the cache arrives
+        (`drop_unanchored`)."""
+        head_id, kept = self._head_id, self._parents
+        if parents:  # a record: what it was made from replaces the last record's parents
+            made_from: dict[str, frozenset[str]] = {}
+            for parent, closure in kept.items():
+                if parent in parents:
+                    made_from[parent] = closure
+                else:
+                    self._unanchored.discard(parent)
+            for parent in parents:
+                if self._older.pop(parent, None) is not None:
+                    self._unanchored.discard(parent)
+            kept = self._parents = made_from
         if head_id is not None and head_id != summary_id:
             if head_id in parents:
-                self._unanchored.discard(head_id)
+                kept[head_id] = self._head
             else:
                 self._older[head_id] = dict.fromkeys(self._head)
                 self._older.move_to_end(head_id)
-        for parent in parents:
-            if self._older.pop(parent, None) is not None:
-                self._unanchored.discard(parent)
+        if kept:
+            kept.pop(summary_id, None)
         self._older.pop(summary_id, None)
         self._head_id, self._head = summary_id, sources
         if anchored:
@@ -1365,7 +1415,8 @@ class _Closures:
     def anchored(self, summary_ids: Iterable[str]) -> bool:
         """Whether each of `summary_ids` has a closure here that is anchored."""
         return all(
-            (i == self._head_id or i in self._older) and i not in self._unanchored
+            (i == self._head_id or i in self._parents or i in self._older)
+            and i not in self._unanchored
             for i in summary_ids
         )
 
@@ -1375,19 +1426,22 @@ class _Closures:
         for summary_id in self._unanchored:
             if summary_id == self._head_id:
                 self._head_id, self._head = None, frozenset()
+            self._parents.pop(summary_id, None)
             self._older.pop(summary_id, None)
         self._unanchored.clear()
 
     def pop(self, summary_id: str) -> None:
         if summary_id == self._head_id:
             self._head_id, self._head = None, frozenset()
+        self._parents.pop(summary_id, None)
         self._older.pop(summary_id, None)
         self._unanchored.discard(summary_id)
 
     def clear(self) -> None:
-        if self._head_id is not None or self._older:
+        if self._head_id is not None or self._parents or self._older:
             self.drops += 1
         self._head_id, self._head = None, frozenset()
+        self._parents = {}
         self._older.clear()
         self._unanchored.clear()
 

@@ -723,6 +723,74 @@ class TestClosures:
         assert ledger.resolve(summary_text(2), "w").region.sources == {"a", "b"}
         assert ledger.resolve(summary_text(1), "w").region.sources == {"a", "b"}
 
+    def test_the_same_input_summarized_again_walks_nothing_and_stays_exact(self) -> None:
+        """A loop summarizing one input again (a new output each time) keeps the closure of the
+        summary it was made from, so the next resolve does not walk it; evicting one of that
+        summary's sources is still seen on the next call."""
+        store = MemoryStore()
+        ledger = Ledger(store)
+        for source in "abc":
+            store.put_source(Source(source, "tool_output"), f"the original text of source {source}")
+        parent = ledger.record_summary(summary_text(1), Region("r", sources=frozenset("ab")), "w")
+        value = [summary_text(1), "a new turn, long enough to be searched for inside text"]
+        with mock.patch.object(Ledger, "_walk", wraps=ledger._walk) as walk:
+            for i in range(3):
+                region = ledger.resolve(value, "w").region
+                ledger.record_summary(f"a new output {i}: {summary_text(9)}", region, "w")
+            assert walk.call_count == 0  # the parent's closure was kept, not walked again
+        assert ledger._closures.get(parent.id) == frozenset("ab")
+        store.evict("b")
+        resolution = ledger.resolve(value, "w")
+        assert {"a", "b"} <= resolution.region.sources and resolution.live is not None
+        assert "b" not in resolution.live
+
+    @settings(max_examples=60, deadline=None)
+    @given(
+        st.lists(
+            st.tuples(st.sampled_from(["", " ", "\n", "\t "]), st.integers(0, 3),
+                      st.sampled_from(["", " ", "\n\n"])),
+            min_size=1, max_size=6,
+        )
+    )  # fmt: skip
+    def test_remembered_digests_resolve_as_fresh_ones(
+        self, messages: list[tuple[str, int, str]]
+    ) -> None:
+        """Messages whose digests are remembered (`_message_digests`) resolve exactly as with
+        every digest computed again: known summaries, with whitespace around them or not."""
+        store = MemoryStore()
+        ledger, fresh = Ledger(store), Ledger(store)
+        texts = [summary_text(i) for i in range(3)] + ["a turn no store holds, long enough"]
+        for i, text in enumerate(texts[:3]):
+            ledger.record_summary(text, Region(f"r{i}", sources=frozenset({f"s{i}"})), "w")
+        value = [before + texts[i] + after for before, i, after in messages]
+        for _ in range(2):
+            got = ledger.resolve(value, "w")
+            with mock.patch.object(_provenance, "_HASHED_CHARS", -1):  # nothing remembered
+                fresh._hashed.clear()
+                expected = fresh.resolve(value, "w")
+            assert (got.region, got.unregistered, got.summaries) == (
+                expected.region, expected.unregistered, expected.summaries,
+            )  # fmt: skip
+            assert got.region.depth == (0 if all(i == 3 for _, i, _ in messages) else 1)
+
+    def test_a_str_subclass_is_never_taken_for_a_remembered_text(self) -> None:
+        """A str subclass that compares equal to any text is hashed for what it holds, not
+        given the digests remembered for a text it claims to equal."""
+
+        class Equal(str):
+            def __eq__(self, other: object) -> bool:
+                return True
+
+            def __hash__(self) -> int:
+                return hash(summary_text(1))
+
+        ledger = Ledger(MemoryStore())
+        ledger.record_summary(summary_text(1), Region("r", sources=frozenset({"a"})), "w")
+        assert ledger.resolve(summary_text(1), "w").region.depth == 1
+        assert (
+            ledger.resolve([Equal("a turn that is no summary at all, long")], "w").region.depth == 0
+        )
+
     def test_a_summary_recorded_again_deeper_on_the_same_sources_keeps_closures(self) -> None:
         """Recorded again deeper but on the same sources (a summarizer giving the same text),
         a summary's provenance only gets deeper: the closures resting on it stay cached, and

@@ -85,7 +85,7 @@ class TestClosuresOutOfTheGCsSight:
 
     def test_a_rolling_chain_keeps_at_most_its_newest_closure_as_a_frozenset(self) -> None:
         """After 300 passes, no more than two frozensets of 100+ ids are alive (the newest
-        closure, and the region it is shared with), not one per cached summary."""
+        closure and its parent's), not one per cached summary."""
         store = MemoryStore()
         guard = Guard(audit_policies(), store=store)
         last = rolling(guard, 300)
@@ -121,9 +121,12 @@ class TestClosuresOutOfTheGCsSight:
         closures.put("s2", second)  # s1 is not a parent of s2: kept, out of the GC's sight
         assert closures.get("s2") is second
         assert closures.get("s1") == first and not gc.is_tracked(closures._older["s1"])
-        closures.put("s3", second | {"d"}, parents=("s2",))  # a chain moves on: s2 dropped
-        assert closures.get("s2") is None and closures.get("s1") == first
+        closures.put("s3", second | {"d"}, parents=("s2",))  # made from s2: kept as given
+        assert closures.get("s2") is second and closures.get("s1") == first
+        closures.put("s4", second | {"e"}, parents=("s3",))  # a chain moves on: s2 dropped
+        assert closures.get("s2") is None and closures.get("s3") == second | {"d"}
         closures.pop("s3")
+        closures.pop("s4")
         assert closures.get("s3") is None and len(closures) == 1
         for i in range(2 * _CLOSURES):
             closures.put(f"x{i}", frozenset({str(i)}))
