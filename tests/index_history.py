@@ -1,5 +1,6 @@
 """An index's life replayed against brute force: the oracle the `policyhook._index` property
-tests share (`tests/test_provenance.py`, `tests/test_index_searcher.py`)."""
+tests share (`tests/test_provenance.py`, `tests/test_index_searcher.py`,
+`tests/test_index_added.py`, `tests/test_index_chunks.py`)."""
 
 from __future__ import annotations
 
@@ -37,11 +38,7 @@ def replay(
             _, picked, arg = op
             pad = filler(arg)
             value = pad + pad.join(data[i] for i in picked) + pad
-            expected = {
-                (at, at + len(data[i]), f"d{i}")
-                for i in indexed
-                for at in occurrences(value, data[i])
-            }
+            expected = placed(value, data, indexed)
             got = set(index.find(value))
             assert expected <= got
             assert not {d for _, _, d in got} - {f"d{i}" for i in indexed}
@@ -54,3 +51,9 @@ def occurrences(haystack: bytes, needle: bytes) -> list[int]:
         out.append(at)
         at = haystack.find(needle, at + 1)
     return out
+
+
+def placed(value: bytes, data: Sequence[bytes], indexed: set[int]) -> set[tuple[int, int, str]]:
+    """(start, end, "d<i>") of every place an indexed text `data[i]` lies in `value`: what an
+    index's confirmed candidates must be."""
+    return {(at, at + len(data[i]), f"d{i}") for i in indexed for at in occurrences(value, data[i])}

@@ -6,22 +6,13 @@ from unittest import mock
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from index_history import placed
 
 from policyhook import _index
 from policyhook._index import _LOG, Index
 
 TEXTS = [f"known text {i:03}: " + "abcdefghij"[i % 10] * (i % 40) + f" end {i}" for i in range(60)]
 DATA = [t.encode() for t in TEXTS]
-
-
-def occurrences(value: bytes, indexes: set[int]) -> set[tuple[int, int, str]]:
-    out = set()
-    for i in indexes:
-        at = value.find(DATA[i])
-        while at != -1:
-            out.add((at, at + len(DATA[i]), f"d{i}"))
-            at = value.find(DATA[i], at + 1)
-    return out
 
 
 def confirmed(index: Index, value: bytes, found: list[tuple[int, int, str]]) -> set[object]:
@@ -73,8 +64,8 @@ class TestFindAdded:
             return
         assert new is not None
         held = {int(d[1:]) for d in index._digests}
-        assert earlier | confirmed(index, value, new) == occurrences(value, held)
-        assert occurrences(value, held) == confirmed(index, value, index.find(value))
+        assert earlier | confirmed(index, value, new) == placed(value, DATA, held)
+        assert placed(value, DATA, held) == confirmed(index, value, index.find(value))
 
     def test_nothing_added_finds_nothing(self) -> None:
         """Asked for additions since the current count, it searches for none."""

@@ -18,6 +18,7 @@ from unittest import mock
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from index_history import placed
 
 from policyhook import _index
 from policyhook._index import _LOG, Index, _cuts
@@ -90,16 +91,6 @@ def _built(parts: list[Any], times: int = 1) -> bytes:
     return b"".join(TEXTS[p] if isinstance(p, int) else p for p in parts) * times
 
 
-def _occurrences(value: bytes, indexed: set[int]) -> set[tuple[int, int, str]]:
-    out = set()
-    for i in indexed:
-        at = value.find(TEXTS[i])
-        while at != -1:
-            out.add((at, at + len(TEXTS[i]), f"d{i}"))
-            at = value.find(TEXTS[i], at + 1)
-    return out
-
-
 class _History:
     """Applies the ops to an index, checking every search against brute force."""
 
@@ -119,7 +110,7 @@ class _History:
         confirmed = {
             (s, e, d) for s, e, d in got if d[1:].isdigit() and value[s:e] == TEXTS[int(d[1:])]
         }
-        assert confirmed == _occurrences(value, self.indexed), "a place a text lies was missed"
+        assert confirmed == placed(value, TEXTS, self.indexed), "a place a text lies was missed"
 
     def made(self, value: bytes) -> None:
         self.inputs.append(value)
@@ -221,7 +212,7 @@ class TestChunkedSearch:
         index.add(later, "d17")
         second = b"HEAD\n" * 290 + middle + b"\n" + b"TAIL\n" * 310
         got = {(s, e, d) for s, e, d in index.find(second) if second[s:e] in (text, later)}
-        assert got == _occurrences(second, {16, 17})
+        assert got == placed(second, TEXTS, {16, 17})
 
     def test_pieces_searched_before_are_not_searched_again(self) -> None:
         """An input extended at its end is searched with the automata only where it is new:
@@ -257,7 +248,7 @@ class TestChunkedSearch:
         for i in range(_LOG + 1):
             index.add(b"a text no input holds, number %d" % i, f"other{i}")
         assert {(s, e) for s, e, _ in index.find(value)} == {
-            (s, e) for s, e, _ in _occurrences(value, {20})
+            (s, e) for s, e, _ in placed(value, TEXTS, {20})
         }
 
     def test_a_seam_is_remembered_by_both_its_sides(self) -> None:
@@ -289,7 +280,7 @@ class TestChunkedSearch:
                 assert index.find(value) == []
                 index.add(TEXTS[-1], "periodic")  # b"ab" * 20
                 places = {s for s, _, _ in index.find(value)}
-                assert places == {s for s, _, _ in _occurrences(value, {len(TEXTS) - 1})}
+                assert places == {s for s, _, _ in placed(value, TEXTS, {len(TEXTS) - 1})}
                 assert len(places) == 21
                 found = index.find_added(value, index.added - 1)
                 assert found is not None and {s for s, _, _ in found} == places
