@@ -366,10 +366,7 @@ class Index:
                 for candidate in candidates[index]:
                     hits.append((at, candidate))
         for anchor, candidate in fresh:
-            at = data.find(anchor)
-            while at != -1:
-                hits.append((at, candidate))
-                at = data.find(anchor, at + 1)
+            hits.extend([(at, candidate) for at in _places(data, anchor)])
         return hits
 
     def _chunked(self, data: bytes) -> list[Hit]:

@@ -1066,15 +1066,16 @@ class Ledger:
     def _confirmed(
         self, data: bytes, candidates: Iterable[tuple[int, int, str]]
     ) -> set[tuple[int, int, str]]:
-        """The candidates whose bytes are the known text (same keyed digest: `digest`, from the
-        hash keyed once, over a view of the bytes rather than a copy)."""
-        keyed, view, found = self._keyed, memoryview(data), set()
-        for start, end, key in set(candidates):
-            hashed = keyed.copy()
-            hashed.update(view[start:end])
-            if hashed.hexdigest() == key:
-                found.add((start, end, key))
-        return found
+        """The candidates whose bytes are the known text (same keyed digest, over a view of
+        the bytes rather than a copy)."""
+        view = memoryview(data)
+        return {c for c in set(candidates) if self._digest(view[c[0] : c[1]]) == c[2]}
+
+    def _digest(self, data: bytes | memoryview) -> str:
+        """`digest(self._key, data)`, from the hash keyed once (a copy costs less than keying)."""
+        hashed = self._keyed.copy()
+        hashed.update(data)
+        return hashed.hexdigest()
 
     def _ask_store(self, data: bytes) -> list[tuple[int, int, str]]:
         """Where texts the store knows but this process does not cache may start in `data`.
@@ -1204,10 +1205,8 @@ class Ledger:
             chars = len(gap)
         if start == 0 and end == len(data):
             place = key
-        else:  # `digest` of the gap's place, from the hash keyed once
-            hashed = self._keyed.copy()
-            hashed.update(f"{key}:{start}:{end - start}".encode())
-            place = hashed.hexdigest()
+        else:
+            place = self._digest(f"{key}:{start}:{end - start}".encode())
         source_id = f"{UNREGISTERED}:{place[:16]}"
         part = (source_id, 0, frozenset((source_id,)), _GAP_KINDS, chars)
         return [(_GAP, "", start, end, part)]
