@@ -440,14 +440,17 @@ def _held(held: dict[str, Any], ids: Collection[str]) -> frozenset[str]:
 class _Liveness:
     """SQLiteStore's cache of when each source id stops being live, kept as sets so that the
     liveness of k ids (a rolling chain's) is a few set operations in C, not k Python steps:
-    held with no expiry (`forever`), held until a time (`until`), or not held (the rest of
-    `known`)."""
+    every id cached (`known`) and, among them, those not held for good (`unheld`: not held,
+    or held until a time kept in `until`); the rest of `known` is held for good. Dead ids
+    are the few looked up, not the many live ones: an answer with d of its k ids dead costs
+    one pass over the k (are they all cached?), one over the smaller of the d and `unheld`,
+    and one copy of the k less the d, whatever the d (no set of the held ones is built)."""
 
-    __slots__ = ("forever", "known", "until")
+    __slots__ = ("known", "unheld", "until")
 
     def __init__(self) -> None:
         self.known: set[str] = set()
-        self.forever: set[str] = set()
+        self.unheld: set[str] = set()
         self.until: dict[str, float] = {}
 
     def __len__(self) -> int:
@@ -455,53 +458,63 @@ class _Liveness:
 
     def clear(self) -> None:
         self.known.clear()
-        self.forever.clear()
+        self.unheld.clear()
         self.until.clear()
 
     def set(self, source_id: str, expires: float) -> None:
         """`expires`: `_FOREVER`, a unix time, or 0 (not held)."""
         self.known.add(source_id)
         if expires == _FOREVER:
-            self.forever.add(source_id)
-            self.until.pop(source_id, None)
+            self.unheld.discard(source_id)
+            if self.until:
+                self.until.pop(source_id, None)
         else:
-            self.forever.discard(source_id)
+            self.unheld.add(source_id)
             if expires > 0:
                 self.until[source_id] = expires
-            else:
+            elif self.until:
                 self.until.pop(source_id, None)
 
-    def unheld(self, ids: Collection[str]) -> None:
+    def not_held(self, ids: Collection[str]) -> None:
         """`set(i, 0.0)` for each of `ids`, in C (none is cached as expiring, usually)."""
         self.known.update(ids)
-        self.forever.difference_update(ids)
+        self.unheld.update(ids)
         if self.until:
             for i in ids:
                 self.until.pop(i, None)
 
-    def unsure(self, ids: frozenset[str]) -> frozenset[str]:
-        """Those of `ids` not cached as held for good: one C loop over `ids`, and nothing
-        k-sized made when every one is (a rolling chain's k sources, or 1,000 ids all held)."""
-        return ids - self.forever
+    def missing(self, ids: frozenset[str]) -> list[str]:
+        """Those of `ids` not cached: one C pass over `ids`, nothing made when none is."""
+        return [] if ids <= self.known else list(ids - self.known)
 
-    def missing(self, unsure: frozenset[str]) -> list[str]:
-        """Those of `unsure` (see `unsure`: every id not cached is among them) not cached."""
-        return list(unsure - self.known) if unsure else []
+    def asked(self, source_ids: Collection[str]) -> tuple[frozenset[str], list[str]]:
+        """`source_ids` as a frozenset, with those of them not cached (`missing`). Any other
+        collection is read once, as MemoryStore reads one: the cached ones among them picked
+        in one C pass and, when that is as many as given (every one, none repeated), copied
+        into the frozenset without hashing again; the ids are not hashed into a set first
+        and then looked up in `known` in a second pass."""
+        if isinstance(source_ids, frozenset):
+            return source_ids, self.missing(source_ids)
+        cached = self.known.intersection(source_ids)
+        if len(cached) == len(source_ids):
+            return frozenset(cached), []
+        ids = frozenset(source_ids)
+        return ids, self.missing(ids)
 
-    def held(self, ids: frozenset[str], unsure: frozenset[str], now: float) -> frozenset[str]:
-        """Those of `ids` cached as held at `now`, given `unsure(ids)` or a superset of it (one
-        too small would be a wrong allow; ids not cached are not held: ask them first): `ids`
-        itself when none is unsure (nothing k-sized made), else those held for good with,
-        under a TTL, those held until after `now`; in C but for the ids with an expiry."""
-        if not unsure:
+    def held(self, ids: frozenset[str], now: float) -> frozenset[str]:
+        """Those of `ids` held at `now`, every one of them cached (ask `missing` first: an id
+        not cached would count as held for good, a wrong allow): `ids` itself when none is
+        among `unheld` (a C pass over the smaller of the two, stopping at the first found;
+        nothing k-sized made), else `ids` less the unheld ones not held until after `now`."""
+        unheld = self.unheld
+        if not unheld or unheld.isdisjoint(ids):
             return ids
-        live = ids & self.forever
         until = self.until
-        if until:
-            expiring = [i for i in unsure if until.get(i, 0.0) > now]
-            if expiring:
-                return live.union(expiring)
-        return live
+        if not until:  # nothing expiring: every unheld id is dead
+            return ids - unheld
+        dead = unheld.intersection(ids)
+        dead.difference_update([i for i in dead if until.get(i, 0.0) > now])
+        return ids - dead if dead else ids
 
 
 def _closure(summary_id: str, get: Callable[[str], Entry | None]) -> set[str]:
@@ -661,7 +674,6 @@ class SQLiteStore:
         # Liveness cache: id -> time its source stops being live (0: not live), valid while no
         # other connection commits; this connection's own writes update it.
         self._expiry = _Liveness()
-        self._expiry_version = -1  # `data_version` when the cache was last brought up to date
         self._changes = 0  # the highest `sources.change` the cache is in step with (`_caught_up`)
         self._db = self._connect()
         with self._lock:
@@ -728,7 +740,6 @@ class SQLiteStore:
         # data_version counts per connection: the new one's could equal the cached one's while
         # another process evicted meanwhile, so the liveness cache starts over (fail closed).
         self._expiry.clear()
-        self._expiry_version = -1
         self._db = self._connect()
         self._db.execute("PRAGMA synchronous=NORMAL")
 
@@ -905,53 +916,45 @@ class SQLiteStore:
             )
 
     def live(self, source_ids: Collection[str]) -> frozenset[str]:
-        """From the cache while `PRAGMA data_version` says no other connection committed;
-        else one statement brings the source rows they wrote since (`_caught_up`), with the
-        ids the cache lacks."""
+        """One statement brings the source rows written since the cache last looked, by any
+        connection (`_caught_up`), with the ids the cache lacks; the rest is set work in C.
+
+        No `PRAGMA data_version` first to skip it when no other connection committed: after
+        a commit the PRAGMA cost as much as the scan it guarded (SQLite empties the page
+        cache at the first statement either way), and with nothing changed the scan is one
+        probe of the `sources_change` index, about a microsecond more than the PRAGMA."""
         if not source_ids:
             return frozenset()
-        ids = source_ids if isinstance(source_ids, frozenset) else frozenset(source_ids)
         with self._lock:
             self._check_file()
             cache = self._expiry
             if len(cache) > _CACHE_MAX:
                 cache.clear()
-            # Read before the statement below, so never newer than what it brings: at worst
-            # the next lookup catches up once more (a number newer than the cache would let
-            # it skip a commit: a wrong allow).
-            version = self._db.execute("PRAGMA data_version").fetchone()[0]
             now = time.time()
-            unsure = cache.unsure(ids)
-            missing = cache.missing(unsure)
-            if version != self._expiry_version or missing:
-                params: dict[str, Any] = {"seen": self._changes, "cap": _CHANGES_MAX}
-                if missing:
-                    params.update(missing=json.dumps(missing), now=now)
-                rows = self._db.execute(_LIVE if missing else _CHANGED, params).fetchall()
-                unsure = self._caught_up(rows, ids, unsure, missing)
-                self._expiry_version = version
-            return cache.held(ids, unsure, now)
+            ids, missing = cache.asked(source_ids)
+            params: dict[str, Any] = {"seen": self._changes, "cap": _CHANGES_MAX}
+            if missing:
+                params.update(missing=json.dumps(missing), now=now)
+            rows = self._db.execute(_LIVE if missing else _CHANGED, params).fetchall()
+            self._caught_up(rows, ids, missing)
+            return cache.held(ids, now)
 
-    def _caught_up(
-        self, rows: list[Any], ids: frozenset[str], unsure: frozenset[str], missing: list[str]
-    ) -> frozenset[str]:
+    def _caught_up(self, rows: list[Any], ids: frozenset[str], missing: list[str]) -> None:
         """Bring the liveness cache up to a statement's snapshot (`_CHANGED`, `_LIVE`,
         `_VIEW`): its `x` rows are the source rows written since change `_changes` (by any
         connection, in change order), and each cached id among them takes its state there;
         its `l` rows are the held ones among the ids it asked (`missing`, which were not
-        cached, and for `_VIEW` the sources of the entries it found). Exact: a row not among
-        the `x` rows was not written since the cache last looked, so what the cache holds for
-        it stands. At `_CHANGES_MAX` of them there may be more: the cache is dropped, and
-        `ids` with the rest asked are read again, with the highest change, in one statement
-        of their own (`_ASK`: the same snapshot, so the cache is in step with it).
-
-        Given `unsure(ids)` as it was before, returns it as it is now: brought up to date for
-        the few of `ids` whose cached state the statement changed (nothing k-sized made)."""
+        cached, and for `_VIEW` the sources of the entries it found), and the rest of
+        `missing` is cached as not held. Exact: a row not among the `x` rows was not written
+        since the cache last looked, so what the cache holds for it stands. At
+        `_CHANGES_MAX` of them there may be more: the cache is dropped, and `ids` with the
+        rest asked are read again, with the highest change, in one statement of their own
+        (`_ASK`: the same snapshot, so the cache is in step with it). Afterwards every one
+        of `ids` and `missing` is cached (what `_Liveness.held` needs)."""
         cache = self._expiry
         changed = 0
         known = cache.known
         held: list[Any] = []
-        touched = set(missing)
         for r in rows:
             tag = r[0]
             if tag == "x":
@@ -961,22 +964,14 @@ class SQLiteStore:
                 if source_id in known:  # not cached: read from the file when asked
                     expires = (_FOREVER if r[4] is None else r[4]) if r[2] == "live" else 0.0
                     cache.set(source_id, expires)
-                    touched.add(source_id)
             elif tag == "l":
                 held.append(r)
         if changed >= _CHANGES_MAX:
             self._ask({*ids, *missing, *(_text(r[3]) for r in held)})
-            return cache.unsure(ids)
-        cache.unheld(missing)  # not held, unless the statement said so
+            return
+        cache.not_held(missing)  # not held, unless the statement said so
         for r in held:
-            source_id = _text(r[3])
-            cache.set(source_id, _FOREVER if r[1] is None else r[1])
-            touched.add(source_id)
-        touched.intersection_update(ids)
-        if not touched:
-            return unsure
-        forever = cache.forever
-        return (unsure - touched).union(i for i in touched if i not in forever)
+            cache.set(_text(r[3]), _FOREVER if r[1] is None else r[1])
 
     def _ask(self, ids: Collection[str]) -> None:
         """Drop the liveness cache and read `ids` into it afresh, with the highest change
@@ -984,7 +979,7 @@ class SQLiteStore:
         cache = self._expiry
         cache.clear()
         rows = self._db.execute(_ASK, {"ids": json.dumps(list(ids)), "now": time.time()}).fetchall()
-        cache.unheld(ids)
+        cache.not_held(ids)
         for r in rows:
             if r[0] == "m":
                 if r[1] is not None:
@@ -1153,10 +1148,9 @@ class SQLiteStore:
             cache = self._expiry
             if len(cache) > _CACHE_MAX:
                 cache.clear()
-            # A rolling chain's k sources, all cached as held for good: one C loop, and the
-            # region's own set is the answer (nothing k-sized made; see `_Liveness.forever`).
-            unsure = cache.unsure(ids)
-            missing = cache.missing(unsure)
+            # A rolling chain's k sources, all cached: one C pass, and when none is unheld the
+            # region's own set is the answer (nothing k-sized made; see `_Liveness`).
+            missing = cache.missing(ids)
             params: dict[str, Any] = {
                 "seen": self._changes,
                 "cap": _CHANGES_MAX,
@@ -1173,13 +1167,13 @@ class SQLiteStore:
             since = [r for r in rows if r[0] == "s"]
             if since:
                 self._head = max(self._head, since[-1][1])
-            unsure = self._caught_up(rows, ids, unsure, missing)
-            live = cache.held(ids, unsure, now)
+            self._caught_up(rows, ids, missing)
+            live = cache.held(ids, now)
             # The sources of the entries found, besides `ids`: as the statement read them,
             # or (after `_ask`) as the cache now holds them.
             found = {_text(r[3]) for r in rows if r[0] == "l"} - ids
             if found:
-                live = live.union(cache.held(frozenset(found), cache.unsure(frozenset(found)), now))
+                live = live.union(cache.held(frozenset(found), now))
         entries = {e.digest: e for e in (_entry(r[2:12]) for r in rows if r[0] == "f")}
         rests_on: dict[str, set[str]] = {e.id: set() for e in entries.values() if e.depth > 0}
         for r in rows:

@@ -278,7 +278,6 @@ class TestSQLite:
         for i in ids:
             store.put_source(Source(i, "tool_output"), f"text {i}")
         store._expiry.clear()
-        store._expiry_version = -1
         asked: list[str] = []
         store._db.set_trace_callback(asked.append)
         assert store.view(0, 1, [], ids).live == set(ids)
@@ -298,8 +297,9 @@ class TestSQLite:
         store.close()
 
     def test_one_statement_per_liveness_lookup(self, tmp_path: Path) -> None:
-        """live() over 1,000 sources is one query (plus the data_version check), and none while
-        nothing changed; another connection's eviction is seen at once."""
+        """live() over 1,000 sources is one statement, asking every id while none is cached
+        and then only the source rows written since (no PRAGMA first); another connection's
+        eviction is seen at once."""
         store = SQLiteStore(tmp_path / "ph.db")
         for i in range(1000):
             store.put_source(Source(f"s{i}", "tool_output"), "x")
@@ -308,11 +308,11 @@ class TestSQLite:
         store._db.set_trace_callback(statements.append)
         ids = [f"s{i}" for i in range(1000)]
         assert len(store.live(ids)) == 1000
-        queries = [s for s in statements if not s.startswith(("PRAGMA data_version", "-- "))]
-        assert len(queries) == 1
+        queries = [s for s in statements if not s.startswith("-- ")]
+        assert len(queries) == 1 and "json_each" in queries[0]
         statements.clear()
         assert len(store.live(ids)) == 1000
-        assert [s for s in statements if not s.startswith("PRAGMA data_version")] == []
+        assert len(statements) == 1 and "json_each" not in statements[0]
         with SQLiteStore(tmp_path / "ph.db") as other:
             other.evict("s7")
         assert len(store.live(ids)) == 999 and "s7" not in store.live(ids)
@@ -538,6 +538,48 @@ class TestAnotherConnectionsWrites:
         assert mine.view(0, 1, [], ids).live == expected
         other.evict(sorted(expected)[0])
         assert mine.live(ids) == expected - {sorted(expected)[0]}
+
+    def test_ids_given_as_a_list_are_asked_when_not_cached(self, tmp_path: Path) -> None:
+        """A list is read once (the cached ones picked in one pass): an id another connection
+        put, not cached yet, is still asked, with ids repeated in the list too (a repeat
+        must not make the cached ones pass for all of them)."""
+        mine, other = _two(tmp_path / "ph.db")
+        for i in ("a", "b"):
+            mine.put_source(Source(i, "tool_output"), f"text {i}")
+        assert mine.live(["a", "b"]) == {"a", "b"}
+        other.put_source(Source("c", "tool_output"), "text c")
+        assert mine.live(["a", "a", "c"]) == {"a", "c"}
+        assert mine.live(("b", "d", "b")) == {"b"}
+        other.evict("a")
+        assert mine.live(["a", "a", "b", "c"]) == {"b", "c"}
+
+    def test_many_ids_dead_at_once_are_all_seen(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Evictions by another connection of a few and then of most of the ids asked (the
+        dead ones picked from those cached as not held, whatever their share), with some
+        held until a time among them: each lookup is exact, by `live` and by `view`, and
+        once that time passes those are dead too."""
+        clock = _Clock()
+        monkeypatch.setattr("policyhook.stores.time", clock)
+        mine, other = _two(tmp_path / "ph.db", ttl=10.0)
+        ids = [f"s{i:03d}" for i in range(400)]
+        for i in ids:
+            mine.put_source(Source(i, "tool_output"), f"text {i}")
+        for i in ids[:5]:  # held until a time, through the connection with a TTL
+            other.put_source(Source(i, "tool_output"), f"text {i}")
+        assert mine.live(ids) == set(ids)
+        dead: set[str] = set()
+        for step in (3, 350):
+            for i in ids[5 : 5 + step]:
+                other.evict(i)
+                dead.add(i)
+            assert mine.live(ids) == set(ids) - dead
+            assert mine.view(0, 1, [], frozenset(ids)).live == set(ids) - dead
+        clock.now += 11
+        expected = set(ids) - dead - set(ids[:5])
+        assert mine.live(ids) == expected
+        assert mine.view(0, 1, [], frozenset(ids)).live == expected
 
     def test_a_writer_that_is_not_policyhook_is_seen(self, tmp_path: Path) -> None:
         """The change number is a trigger's: an UPDATE by hand (or an older policyhook still
