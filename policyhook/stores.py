@@ -18,6 +18,7 @@ import time
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -489,34 +490,41 @@ class _Liveness:
         missing = ids - self.known
         return list(missing) if missing else []
 
-    def asked(self, source_ids: Collection[str]) -> tuple[frozenset[str], list[str]]:
-        """`source_ids` as a frozenset, with those of them not cached (`missing`). Any other
-        collection is read once, as MemoryStore reads one: the cached ones among them picked
-        in one C pass and, when that is as many as given (every one, none repeated), copied
-        into the frozenset without hashing again; the ids are not hashed into a set first
-        and then looked up in `known` in a second pass."""
+    def asked(self, source_ids: Collection[str]) -> tuple[AbstractSet[str], list[str]]:
+        """`source_ids` as a set, with those of them not cached (`missing`). A frozenset is
+        given back as it is. Any other collection is read once, as MemoryStore reads one:
+        the cached ones among them picked in one C pass and, when that is as many as given
+        (every one, none repeated), that new set is given (`held` may take the dead out of
+        it in place, then copies it once into the answer); else as a frozenset."""
         if isinstance(source_ids, frozenset):
             return source_ids, self.missing(source_ids)
         cached = self.known.intersection(source_ids)
         if len(cached) == len(source_ids):
-            return frozenset(cached), []
+            return cached, []
         ids = frozenset(source_ids)
         return ids, self.missing(ids)
 
-    def held(self, ids: frozenset[str], now: float) -> frozenset[str]:
-        """Those of `ids` held at `now`, every one of them cached (ask `missing` first: an id
-        not cached would count as held for good, a wrong allow): `ids` itself when none is
-        among `unheld` (a C pass over the smaller of the two, stopping at the first found;
-        nothing k-sized made), else `ids` less the unheld ones not held until after `now`."""
+    def held(self, ids: AbstractSet[str], now: float) -> frozenset[str]:
+        """Those of `ids` (from `asked`) held at `now`, every one of them cached (ask
+        `missing` first: an id not cached would count as held for good, a wrong allow):
+        `ids` itself when none is among `unheld` (a C pass over the smaller of the two,
+        stopping at the first found; nothing k-sized made for a frozenset), else `ids` less
+        the unheld ones not held until after `now`: one C pass over the smaller of those and
+        `ids`, and one copy (a set from `asked` loses them in place first)."""
         unheld = self.unheld
         if not unheld or unheld.isdisjoint(ids):
-            return ids
+            return ids if isinstance(ids, frozenset) else frozenset(ids)
         until = self.until
-        if not until:  # nothing expiring: every unheld id is dead
-            return ids - unheld
-        dead = unheld.intersection(ids)
-        dead.difference_update([i for i in dead if until.get(i, 0.0) > now])
-        return ids - dead if dead else ids
+        dead: AbstractSet[str] = unheld  # nothing expiring: every unheld id is dead
+        if until:
+            dead = unheld.intersection(ids)
+            dead.difference_update([i for i in dead if until.get(i, 0.0) > now])
+        if isinstance(ids, frozenset):
+            return ids - dead
+        if isinstance(ids, set) and len(dead) <= len(ids):
+            ids.difference_update(dead)
+            return frozenset(ids)
+        return frozenset(ids - dead)
 
 
 def _closure(summary_id: str, get: Callable[[str], Entry | None]) -> set[str]:
@@ -941,7 +949,7 @@ class SQLiteStore:
             self._caught_up(rows, ids, missing)
             return cache.held(ids, now)
 
-    def _caught_up(self, rows: list[Any], ids: frozenset[str], missing: list[str]) -> None:
+    def _caught_up(self, rows: list[Any], ids: AbstractSet[str], missing: list[str]) -> None:
         """Bring the liveness cache up to a statement's snapshot (`_CHANGED`, `_LIVE`,
         `_VIEW`): its `x` rows are the source rows written since change `_changes` (by any
         connection, in change order), and each cached id among them takes its state there;
