@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import operator
 import re
 import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol, TypeVar, cast, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from policyhook import _fork, _shapes
 from policyhook._index import MIN_BYTES, Index
@@ -201,10 +202,14 @@ class Entry:
         )
 
     @classmethod
-    def of_source(cls, key: bytes, source: Source, text: str) -> Entry:
+    def of_source(
+        cls, key: bytes, source: Source, text: str, text_digest: str | None = None
+    ) -> Entry:
+        """The entry of original evidence held under `source`; `text_digest`: the text's
+        keyed digest when the caller has it already (`digest(key, encode(text))`)."""
         data = encode(text)
         return cls(
-            digest=digest(key, data),
+            digest=digest(key, data) if text_digest is None else text_digest,
             id=source.id,
             kind=source.kind,
             size=len(data),
@@ -330,6 +335,8 @@ class Resolution:
 #: One part of an input as the ledger resolves it: (id, depth, sources, source kinds, chars),
 #: the fields of the `Region` it stands for (plain tuples: an input has many, built per call).
 _Part = tuple[str, int, frozenset[str], frozenset[str], int]
+#: A part's sources and source kinds, read in C (`map`), not by a comprehension's own frame.
+_SOURCES_OF, _KINDS_OF = operator.itemgetter(2), operator.itemgetter(3)
 
 
 def _known(parts: list[_Part], unregistered: list[tuple[str, str]]) -> list[_Part]:
@@ -548,11 +555,15 @@ class Ledger:
             _shapes.check_id(name, value)
         source = Source(id=source_id or self.text_id(kind, text), kind=kind)
         data = encode(text)
-        carried = self._carried(text, data, source, window)
+        # Hashed once (and remembered: the turn comes back in the next input as a message)
+        keys = self._hashed.get(text) if type(text) is str else None
+        key = (keys if keys is not None else self._message_digests(text, data))[0]
+        carried = self._carried(text, data, key, source, window)
         if carried is None:
             self.store.put_source(source, text)  # refused if the id names another text
             with self._lock:
-                self._learn(Entry.of_source(self._key, source, text), data)
+                entry = Entry.of_source(self._key, source, text, key)
+                self._learn(entry, data)
             return source
         # Its provenance first, so no failure leaves it plain evidence; but never resting on an
         # id that names another text (`put_source` would refuse it after the provenance was
@@ -623,10 +634,12 @@ class Ledger:
             stored = self.store.lookup([entry.digest]).get(entry.digest)
         return stored if stored is not None else entry
 
-    def _carried(self, text: str, data: bytes, source: Source, window: str) -> Entry | None:
-        """The entry `text` must keep once registered under `source`, if it bears summaries."""
+    def _carried(
+        self, text: str, data: bytes, key: str, source: Source, window: str
+    ) -> Entry | None:
+        """The entry `text` (`key`: its keyed digest) must keep once registered under
+        `source`, if it bears summaries."""
         with self._lock:
-            key = digest(self._key, data)
             known = self._fetch([key]).get(key)
             if known is not None and known.depth > 0:  # a summary's own text: keep its id
                 return replace(
@@ -660,7 +673,8 @@ class Ledger:
     ) -> Region:
         """Remember a granted summary's output, so it is recognised when it comes back, with the
         per-fact provenance of its output (`facts`, shared through the store)."""
-        _shapes.check_id("window", window)
+        if not window.isascii():  # (the check's own test, without its call per record)
+            _shapes.check_id("window", window)
         data = encode(text)
         keys = self._hashed.get(text) if type(text) is str else None
         key = (keys if keys is not None else self._message_digests(text, data))[0]
@@ -805,7 +819,7 @@ class Ledger:
     def _reading(self, reader: Any, items: list[Region | str]) -> Resolution:
         """Resolve `items` with recognition reading through `reader` (`_Deferred`, `_Failing`),
         without catching up: the view does that (or the store is down)."""
-        self._reader = cast(Store, reader)
+        self._reader = reader  # (`reader` is Any: it answers as a Store does)
         try:
             return self._resolve(items, catch_up=False)
         finally:
@@ -821,7 +835,10 @@ class Ledger:
         # A Region's own text is recognised too: what a store knows of it only adds to what the
         # caller declared (a known summary handed over as `Region.original` is still one).
         declared = len(items)
-        texts = [i.text for i in items if isinstance(i, Region) and i.text and i.text.strip()]
+        texts: list[str] = []  # (a loop, not a comprehension: no frame of its own per call)
+        for item in items:
+            if isinstance(item, Region) and item.text and item.text.strip():
+                texts.append(item.text)
         if texts:
             items = [*items, *texts]
         encoded: list[bytes] = []
@@ -925,8 +942,8 @@ class Ledger:
         if len(parts) == 1:  # the common case: one message (its sets are shared, not copied)
             sources, kinds = parts[0][2], parts[0][3]
         else:  # the region made of its parts side by side (`Region.merge`)
-            sources = frozenset().union(*[part[2] for part in parts])
-            kinds = frozenset().union(*[part[3] for part in parts])
+            sources = frozenset().union(*map(_SOURCES_OF, parts))
+            kinds = frozenset().union(*map(_KINDS_OF, parts))
         region = _made(
             Region,
             {
@@ -967,7 +984,10 @@ class Ledger:
         memo = self._splits.get(key)
         recipe = memo[4] if memo is not None and memo[3] is ordered else None
         if recipe is not None:
-            wanted = [op[1] for op in recipe if op[0] == _TEXT]
+            wanted = []  # (a loop, not a comprehension: no frame of its own per call)
+            for step in recipe:
+                if step[0] == _TEXT:
+                    wanted.append(step[1])
             known = self._fetch(wanted)
             if not all(map(known.__contains__, wanted)):
                 recipe = None  # confirmed by digest, so known: only a racing eviction
@@ -1413,11 +1433,12 @@ class _Closures:
 
     def anchored(self, summary_ids: Iterable[str]) -> bool:
         """Whether each of `summary_ids` has a closure here that is anchored."""
-        return all(
-            (i == self._head_id or i in self._parents or i in self._older)
-            and i not in self._unanchored
-            for i in summary_ids
-        )
+        for i in summary_ids:  # (a loop: a generator's frame per call cost more than the test)
+            if i in self._unanchored:
+                return False
+            if not (i == self._head_id or i in self._parents or i in self._older):
+                return False
+        return True
 
     def drop_unanchored(self) -> None:
         if self._unanchored:

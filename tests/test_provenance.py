@@ -384,6 +384,32 @@ class TestBuiltWithoutInit:
             assert made == type(made)(**{n: getattr(made, n) for n in names})
 
 
+class TestHashedOnce:
+    """A text is hashed once in the ledger however it enters (a turn recorded comes back in
+    the next input as a message): BLAKE2b over it was most of what recording it cost."""
+
+    def test_a_recorded_turn_is_hashed_once_by_the_ledger(self) -> None:
+        """record_source hashes the turn once in the ledger (the store's `put_source` hashes
+        it under its own secret, once), and resolving it next hashes nothing."""
+        ledger = Ledger(MemoryStore())
+        turn = source_text(3) + " and its tail"
+        data = turn.encode()
+        real = _provenance.digest
+        hashed: list[bytes] = []
+
+        def counted(key: bytes, text: bytes) -> str:
+            hashed.append(bytes(text))
+            return real(key, text)
+
+        with mock.patch.object(_provenance, "digest", counted):
+            ledger.record_source(turn, "user_turn", "turn-1")
+            assert hashed.count(data) == 2  # the ledger's once, the store's once
+            hashed.clear()
+            region = ledger.resolve([turn], "w").region
+        assert data not in hashed
+        assert region.sources == frozenset({"turn-1"}) and region.depth == 0
+
+
 class TestRememberedSplits:
     """The ledger remembers where known texts lie in a message it split (`Ledger._found`), the
     store's answers too: a remembered "nothing there" must never hide a text the store learned
