@@ -37,6 +37,10 @@ _CLOSURE_IDS = 65_536
 #: Messages whose known texts found are remembered for the next input holding them (most recently
 #: used): a chat resent with one more turn is not searched, nor asked of the store, again.
 _SPLITS = 256
+#: ... and the known texts found in them that are remembered in all: a window rendered as one
+#: 4 MB string holds a thousand, and 256 such splits held ~140 MB (and were most of what the
+#: cyclic GC visited).
+_SPLIT_PLACES = 4096
 #: Region ids of recent inputs kept (by their parts' digests), so an input seen again is not
 #: hashed a second time for its id; all dropped at once past this many, and kept only for
 #: inputs of up to about 60 parts (the key is their digests joined: at most ~0.5 MB in all).
@@ -508,6 +512,7 @@ class Ledger:
         self._hashed: dict[str, tuple[str, str | None]] = {}
         # Where known texts lie in recently split messages, by message digest (`_found`).
         self._splits: OrderedDict[str, _Split] = OrderedDict()
+        self._split_places = 0  # known texts found in them, in all (`_SPLIT_PLACES`)
         # Bumped whenever a text the index found may no longer be (a discard) or a text the store
         # knows cannot be found by the index (no text): remembered splits made before are redone.
         self._epoch = 0
@@ -1051,7 +1056,7 @@ class Ledger:
                 if added_hits:
                     ordered = tuple(sorted({*ordered, *((s, s - e, d) for s, e, d in added_hits)}))
                     recipe = None
-                self._splits[key] = (epoch, added, memo[2], ordered, recipe)
+                self._keep_split(key, (epoch, added, memo[2], ordered, recipe))
                 return ordered
             stored = memo[2]
         hits = self._confirmed(data, self._index.find(data))
@@ -1061,11 +1066,22 @@ class Ledger:
                 stored = frozenset(self._confirmed(data, self._ask_store(data)))
         ordered = tuple(sorted((start, start - end, key) for start, end, key in hits | stored))
         if not failing:
-            self._splits[key] = (epoch, added, stored, ordered, None)
-            self._splits.move_to_end(key)
-            if len(self._splits) > _SPLITS:
-                self._splits.popitem(last=False)
+            self._keep_split(key, (epoch, added, stored, ordered, None))
         return ordered
+
+    def _keep_split(self, key: str, split: _Split) -> None:
+        """Remember how the message of digest `key` splits, as the most recent: at most
+        `_SPLITS` messages and `_SPLIT_PLACES` known texts found in them (a split holding more
+        is not kept)."""
+        splits = self._splits
+        old = splits.get(key)
+        if old is not None:
+            self._split_places -= len(old[3])
+        splits[key] = split
+        splits.move_to_end(key)
+        self._split_places += len(split[3])
+        while len(splits) > _SPLITS or self._split_places > _SPLIT_PLACES:
+            self._split_places -= len(splits.popitem(last=False)[1][3])
 
     def _confirmed(
         self, data: bytes, candidates: Iterable[tuple[int, int, str]]
