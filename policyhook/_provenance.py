@@ -29,11 +29,19 @@ _logger = logging.getLogger("policyhook")
 MIN_EMBEDDED_CHARS = MIN_BYTES
 #: Kind given to content the ledger did not recognise (it rests on no registered source).
 UNREGISTERED = "window"
-#: Summaries whose full source sets are kept in memory (most recently used; `_Closures`).
-_CLOSURES = 256
+#: Summaries whose full source sets are kept in memory (most recently used; `_Closures`), and
+#: the source ids those sets may hold in all: a long string holding a thousand cached summaries
+#: (4 MB of a window rendered as one string) is not walked again summary by summary every call,
+#: and memory stays bounded (~4 MB of ids) however many sources each rests on.
+_CLOSURES = 4096
+_CLOSURE_IDS = 65_536
 #: Messages whose known texts found are remembered for the next input holding them (most recently
 #: used): a chat resent with one more turn is not searched, nor asked of the store, again.
 _SPLITS = 256
+#: ... and the known texts found in them that are remembered in all: a window rendered as one
+#: 4 MB string holds a thousand, and 256 such splits held ~140 MB (and were most of what the
+#: cyclic GC visited).
+_SPLIT_PLACES = 4096
 #: Region ids of recent inputs kept (by their parts' digests), so an input seen again is not
 #: hashed a second time for its id; all dropped at once past this many, and kept only for
 #: inputs of up to about 60 parts (the key is their digests joined: at most ~0.5 MB in all).
@@ -511,6 +519,7 @@ class Ledger:
         self._hashed: dict[str, tuple[str, str | None]] = {}
         # Where known texts lie in recently split messages, by message digest (`_found`).
         self._splits: OrderedDict[str, _Split] = OrderedDict()
+        self._split_places = 0  # known texts found in them, in all (`_SPLIT_PLACES`)
         # Bumped whenever a text the index found may no longer be (a discard) or a text the store
         # knows cannot be found by the index (no text): remembered splits made before are redone.
         self._epoch = 0
@@ -1067,7 +1076,7 @@ class Ledger:
                 if added_hits:
                     ordered = tuple(sorted({*ordered, *((s, s - e, d) for s, e, d in added_hits)}))
                     recipe = None
-                self._splits[key] = (epoch, added, memo[2], ordered, recipe)
+                self._keep_split(key, (epoch, added, memo[2], ordered, recipe))
                 return ordered
             stored = memo[2]
         hits = self._confirmed(data, self._index.find(data))
@@ -1077,11 +1086,22 @@ class Ledger:
                 stored = frozenset(self._confirmed(data, self._ask_store(data)))
         ordered = tuple(sorted((start, start - end, key) for start, end, key in hits | stored))
         if not failing:
-            self._splits[key] = (epoch, added, stored, ordered, None)
-            self._splits.move_to_end(key)
-            if len(self._splits) > _SPLITS:
-                self._splits.popitem(last=False)
+            self._keep_split(key, (epoch, added, stored, ordered, None))
         return ordered
+
+    def _keep_split(self, key: str, split: _Split) -> None:
+        """Remember how the message of digest `key` splits, as the most recent: at most
+        `_SPLITS` messages and `_SPLIT_PLACES` known texts found in them (a split holding more
+        is not kept)."""
+        splits = self._splits
+        old = splits.get(key)
+        if old is not None:
+            self._split_places -= len(old[3])
+        splits[key] = split
+        splits.move_to_end(key)
+        self._split_places += len(split[3])
+        while len(splits) > _SPLITS or self._split_places > _SPLIT_PLACES:
+            self._split_places -= len(splits.popitem(last=False)[1][3])
 
     def _confirmed(
         self, data: bytes, candidates: Iterable[tuple[int, int, str]]
@@ -1360,7 +1380,7 @@ class _Closures:
     walks nothing, and nothing is copied on either hot path.
     """
 
-    __slots__ = ("_head", "_head_id", "_older", "_parents", "_unanchored", "drops")
+    __slots__ = ("_head", "_head_id", "_ids", "_older", "_parents", "_unanchored", "drops")
 
     def __init__(self) -> None:
         self._head_id: str | None = None
@@ -1368,6 +1388,7 @@ class _Closures:
         # The newest's parents whose closures were kept as given (see the class docstring).
         self._parents: dict[str, frozenset[str]] = {}
         self._older: OrderedDict[str, dict[str, None]] = OrderedDict()  # LRU, untracked values
+        self._ids = 0  # source ids the older closures hold in all (`_CLOSURE_IDS`)
         # Ids whose closure rests on summaries not all cached (`put` with `anchored` False).
         self._unanchored: set[str] = set()
         self.drops = 0  # times closures were dropped as possibly outgrown (`Ledger._take`)
@@ -1411,25 +1432,36 @@ class _Closures:
                 else:
                     self._unanchored.discard(parent)
             for parent in parents:
-                if self._older.pop(parent, None) is not None:
+                if self._drop_older(parent):
                     self._unanchored.discard(parent)
             kept = self._parents = made_from
         if head_id is not None and head_id != summary_id:
             if head_id in parents:
                 kept[head_id] = self._head
             else:
+                self._drop_older(head_id)
                 self._older[head_id] = dict.fromkeys(self._head)
-                self._older.move_to_end(head_id)
+                self._ids += len(self._head)
         if kept:
             kept.pop(summary_id, None)
-        self._older.pop(summary_id, None)
+        self._drop_older(summary_id)
         self._head_id, self._head = summary_id, sources
         if anchored:
             self._unanchored.discard(summary_id)
         else:
             self._unanchored.add(summary_id)
-        while len(self._older) >= _CLOSURES:
-            self._unanchored.discard(self._older.popitem(last=False)[0])
+        while len(self._older) >= _CLOSURES or self._ids > _CLOSURE_IDS:
+            oldest, ids = self._older.popitem(last=False)
+            self._ids -= len(ids)
+            self._unanchored.discard(oldest)
+
+    def _drop_older(self, summary_id: str) -> bool:
+        """Drop an older closure, if held; whether one was."""
+        ids = self._older.pop(summary_id, None)
+        if ids is None:
+            return False
+        self._ids -= len(ids)
+        return True
 
     def anchored(self, summary_ids: Iterable[str]) -> bool:
         """Whether each of `summary_ids` has a closure here that is anchored."""
@@ -1447,14 +1479,14 @@ class _Closures:
             if summary_id == self._head_id:
                 self._head_id, self._head = None, frozenset()
             self._parents.pop(summary_id, None)
-            self._older.pop(summary_id, None)
+            self._drop_older(summary_id)
         self._unanchored.clear()
 
     def pop(self, summary_id: str) -> None:
         if summary_id == self._head_id:
             self._head_id, self._head = None, frozenset()
         self._parents.pop(summary_id, None)
-        self._older.pop(summary_id, None)
+        self._drop_older(summary_id)
         self._unanchored.discard(summary_id)
 
     def clear(self) -> None:
@@ -1463,6 +1495,7 @@ class _Closures:
         self._head_id, self._head = None, frozenset()
         self._parents = {}
         self._older.clear()
+        self._ids = 0
         self._unanchored.clear()
 
 

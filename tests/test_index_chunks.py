@@ -284,3 +284,51 @@ class TestChunkedSearch:
                 assert len(places) == 21
                 found = index.find_added(value, index.added - 1)
                 assert found is not None and {s for s, _, _ in found} == places
+
+
+class TestAChunkRememberedIsTheChunkSearched:
+    """Each of these fails if a remembered chunk is taken for one it is not (planted: the
+    bytes not compared, the bytes after the cut left out of the key, a text added since not
+    written into the chunk's entry)."""
+
+    LINES = b"".join(b"line %04d of the window\n" % i for i in range(200))
+
+    def test_other_bytes_between_the_same_ends_are_searched(self) -> None:
+        """Two inputs alike but for bytes inside a chunk, its size and ends the same: the text
+        in the second is found."""
+        index = Index()
+        index.add(TEXTS[24], "d24")
+        assert index.find(self.LINES) == []
+        at = 400
+        second = self.LINES[:at] + TEXTS[24] + self.LINES[at + len(TEXTS[24]) :]
+        assert len(second) == len(self.LINES) and _cuts(second) == _cuts(self.LINES)
+        assert {(s, e) for s, e, _ in index.find(second)} == {(at, at + len(TEXTS[24]))}
+
+    def test_a_chunk_that_ended_its_input_is_not_taken_for_it_followed_by_more(self) -> None:
+        """A chunk that ended one input, then the same chunk followed by more, ending alike
+        (repeated lines): a text starting in it and going on past its cut is found."""
+        line = b"r" * 30 + b"\n"  # 31 bytes: the chunk's last 32 bytes and those after its cut
+        text = line + line + b"and what follows the repeated lines"
+        more = text[len(line) :] + b"\n" + self.LINES
+        first = next(  # (agree when what follows is the same line) cut where `first` ends
+            first
+            for first in (self.LINES + line * n for n in range(1, 80))
+            if len(first) in _cuts(first + more)
+        )
+        index = Index()
+        index.add(text, "t")
+        assert index.find(first) == []
+        second = first + more
+        got = {(s, e) for s, e, _ in index.find(second) if second[s:e] == text}
+        assert got == {(len(first) - len(line), len(first) - len(line) + len(text))}
+
+    def test_a_text_added_since_stays_found_in_a_chunk_searched_again(self) -> None:
+        """An input searched, a text in it indexed, the input searched again (the text found
+        with the log of additions) and again with nothing added since: found every time."""
+        index = Index()
+        value = self.LINES + TEXTS[24] + b"\n" + self.LINES
+        assert index.find(value) == []
+        index.add(TEXTS[24], "d24")
+        want = {(s, e) for s, e, _ in placed(value, TEXTS, {24})}
+        for _ in range(3):
+            assert {(s, e) for s, e, _ in index.find(value)} == want
