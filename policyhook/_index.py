@@ -184,6 +184,18 @@ def _placed(data: bytes, items: list[tuple[bytes, Candidate]], hits: list[Hit]) 
             at = find(anchor, at + 1)
 
 
+def _fitting(data: bytes, hits: list[Hit], digests: set[str]) -> list[tuple[int, int, str]]:
+    """(start, end, digest) of each hit whose text fits in `data` where its anchor lies, with
+    its tail there, and is indexed now (`digests`): the places a known text may lie."""
+    size, ends, found = len(data), data.endswith, []
+    for at, (offset, length, digest, tail) in hits:
+        start = at - offset
+        end = start + length
+        if start >= 0 and end <= size and ends(tail, start, end) and digest in digests:
+            found.append((start, end, digest))
+    return found
+
+
 def _places(data: bytes, anchor: bytes) -> list[int]:
     """Where `anchor` lies in `data`, overlapping places too (`_placed`)."""
     hits: list[Hit] = []
@@ -332,14 +344,7 @@ class Index:
             return []
         chunked = _CHUNKED <= size <= _MEMO_BYTES // 2  # (longer: searched whole, not cycled)
         hits = self._chunked(data) if chunked else self._hits(data)
-        found: list[tuple[int, int, str]] = []
-        digests, append, ends = self._digests, found.append, data.endswith
-        for at, (offset, length, digest, tail) in hits:  # the places that fit and are indexed
-            start = at - offset
-            end = start + length
-            if start >= 0 and end <= size and ends(tail, start, end) and digest in digests:
-                append((start, end, digest))
-        return found
+        return _fitting(data, hits, self._digests)
 
     def _hits(self, data: bytes) -> list[Hit]:
         """Every place in `data` where an anchor of the automata or the batch lies, with its
@@ -468,25 +473,19 @@ class Index:
     def find_added(self, data: bytes, since: int) -> list[tuple[int, int, str]] | None:
         """What `find(data)` gives for the texts added after addition number `since` (the
         `added` of an earlier search of the same input), a search for each anchor alone
-        (`_places`); None when more were added than the log holds (then search whole). The
+        (`_placed`); None when more were added than the log holds (then search whole). The
         caller's earlier result stands only while nothing was discarded since (a discarded
         text may be in it)."""
         count = self.added - since
         if count < 0 or count > len(self._log):
             return None
-        found: list[tuple[int, int, str]] = []
         if count == 0 or len(data) < MIN_BYTES:
-            return found
-        digests, dropped, size = self._digests, self._dropped, len(data)
-        for anchor, (offset, length, digest, tail) in self._log[len(self._log) - count :]:
-            if digest not in digests or digest in dropped:
-                continue
-            for at in _places(data, anchor):  # (the places that fit, as in `find`)
-                start = at - offset
-                end = start + length
-                if start >= 0 and end <= size and data.endswith(tail, start, end):
-                    found.append((start, end, digest))
-        return found
+            return []
+        digests, dropped = self._digests, self._dropped
+        added = [i for i in self._log[len(self._log) - count :] if i[1][2] not in dropped]
+        hits: list[Hit] = []
+        _placed(data, added, hits)
+        return _fitting(data, hits, digests)
 
     def _consolidate(self, size: int) -> None:
         """Before a large input: every level merges into one when building it costs less than

@@ -565,8 +565,7 @@ class Ledger:
         source = Source(id=source_id or self.text_id(kind, text), kind=kind)
         data = encode(text)
         # Hashed once (and remembered: the turn comes back in the next input as a message)
-        keys = self._hashed.get(text) if type(text) is str else None
-        key = (keys if keys is not None else self._message_digests(text, data))[0]
+        key = self._message_digests(text, data)[0]
         carried = self._carried(text, data, key, source, window)
         if carried is None:
             self.store.put_source(source, text)  # refused if the id names another text
@@ -685,8 +684,7 @@ class Ledger:
         if not window.isascii():  # (the check's own test, without its call per record)
             _shapes.check_id("window", window)
         data = encode(text)
-        keys = self._hashed.get(text) if type(text) is str else None
-        key = (keys if keys is not None else self._message_digests(text, data))[0]
+        key = self._message_digests(text, data)[0]
         region_id, depth = f"s:{key[:16]}", summarized.depth + 1
         region = _made(
             Region,
@@ -857,13 +855,10 @@ class Ledger:
         # looked up stripped too, or a short output (never searched inside longer text) that
         # comes back as the summarizer wrote it would pass for original content.
         bare: dict[int, str] = {}
-        hashed = self._hashed
         for at, item in enumerate(items):
             if isinstance(item, str):
                 data = encode(item)
-                keys = hashed.get(item) if type(item) is str else None  # (a subclass may
-                if keys is None:  # compare equal to another text: never looked up here)
-                    keys = self._message_digests(item, data)
+                keys = self._message_digests(item, data)
                 messages.append(keys[0])
                 if keys[1] is not None:
                     bare[at] = keys[1]
@@ -1145,13 +1140,19 @@ class Ledger:
 
     def _message_digests(self, text: str, data: bytes) -> tuple[str, str | None]:
         """The keyed digest of a message (`data`: its UTF-8 bytes) and, when whitespace
-        surrounds it, of its stripped form (None when it has none); remembered for the next
-        call (`_hashed`), as a pure function of the text and the store's secret.
+        surrounds it, of its stripped form (None when it has none); remembered by its text for
+        the next call (`_hashed`), as a pure function of the text and the store's secret. Plain
+        `str` only: a subclass may compare equal to another text, so it is never looked up.
 
         Why: a message comes back in the next inputs (a chat's history is resent, an output
         recorded here is the next input's message), and BLAKE2b over it was most of what
         resolving it again cost. Only texts of up to `_HASHED_CHARS` are kept (the dict holds
         them), all dropped at once past `_HASHED`."""
+        plain = type(text) is str
+        if plain:
+            known = self._hashed.get(text)
+            if known is not None:
+                return known
         secret = self._key
         stripped = text.strip()
         if stripped == text:
@@ -1162,7 +1163,7 @@ class Ledger:
             keys = (whole, bare)
         else:
             keys = (digest(secret, data), digest(secret, encode(stripped)))
-        if len(text) <= _HASHED_CHARS and type(text) is str:
+        if plain and len(text) <= _HASHED_CHARS:
             hashed = self._hashed
             if len(hashed) >= _HASHED:
                 hashed.clear()
