@@ -1,28 +1,38 @@
 """Finding known texts inside an input in one linear pass, with no full rebuilds as texts arrive.
 
-Each known text is indexed by one anchor (up to `ANCHOR` bytes of it) in Aho-Corasick automata
-over UTF-8 bytes. New texts wait in a small batch searched with `bytes.find`; a full batch becomes
-an automaton of tier 0, and `_FANOUT` automata of one tier merge into one of the next (tiered
-merging, a counter in base `_FANOUT`), so a text is rebuilt into an automaton O(log n) times in
-all, a merge of n anchors happens once per n/`_FANOUT` new texts, and a search runs O(log n)
-automata. Anchors are chosen unique: texts sharing a long prefix (a tool-output header)
-are anchored further in, so one hit in the input means one candidate to confirm, not N.
+Most known texts are indexed by a key found by content: the `_KEY` bytes right after or right
+before a cut byte (a newline, a rare Latin letter, a few UTF-8 continuation bytes: `_CUT_BYTES`)
+in a dict. An input is cut at the same bytes (`bytes.translate` and `bytes.split`, in C) and the
+`_KEY` bytes on each side of each cut are looked up, so a search costs the same whatever the
+number of texts indexed (no pass per automaton, as below): a new turn recorded is searched for
+the summaries it quotes in a few microseconds per KB.
+
+A text with no such key (short, or with no cut byte: hex, base64) is indexed by one anchor (up to
+`ANCHOR` bytes of it) in Aho-Corasick automata over UTF-8 bytes. New texts wait in a small batch
+searched with `bytes.find`; a full batch becomes an automaton of tier 0, and `_FANOUT` automata
+of one tier merge into one of the next (tiered merging, a counter in base `_FANOUT`), so a text
+is rebuilt into an automaton O(log n) times in all, a merge of n anchors happens once per
+n/`_FANOUT` new texts, and a search runs O(log n) automata. Anchors and keys are chosen unique:
+texts sharing a long prefix (a tool-output header) are anchored further in, so one hit in the
+input means one candidate to confirm, not N.
 
 The index returns candidates only; the ledger confirms each by digest.
 
 A long input is searched only where it is new: it is cut into chunks at line ends, and where
-anchors lie is remembered by content, with the addition count it is complete for: per chunk (the
-anchors wholly in it) and per seam (the `ANCHOR` - 1 bytes each side of a cut: the anchors across
-it). A piece seen before is searched again only for the texts added since (a `bytes.find` each,
-from the log of the last additions), so a window rendered as one string, new every call but
-sharing most of its bytes with the last, costs its new pieces, not a pass per level over it all.
+anchors lie (a key with its cut byte is its text's anchor) is remembered by content, with the
+addition count it is complete for: per chunk (the anchors wholly in it) and per seam (the
+`ANCHOR` - 1 bytes each side of a cut: the anchors across it). A piece seen before is searched
+again only for the texts added since (a `bytes.find` each, from the log of the last additions),
+so a window rendered as one string, new every call but sharing most of its bytes with the last,
+costs its new pieces, not a pass per level over it all.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections import OrderedDict, deque
-from itertools import pairwise
+from itertools import accumulate, compress, islice, pairwise
+from operator import itemgetter
 from typing import Any
 
 import ahocorasick_rs
@@ -66,6 +76,19 @@ _DFA_MAX = 512
 #: many additions searches again whole (16 `bytes.find` of a 4 MB input cost about one pass).
 _LOG = 16
 
+#: Bytes a text and an input are cut at to find keys by content (`Index._key_of`): ones that
+#: recur every few dozen bytes in prose, code and logs alike (a newline, the six rarest Latin
+#: letters), and four of the 64 UTF-8 continuation bytes (one in eight characters of a CJK text,
+#: one in sixteen of Cyrillic). Content without them is anchored in the automata instead.
+_CUT_BYTES = b"\nkvxjqzKVXJQZ\x80\x81\x82\x83"
+_CUT = 10  # what every cut byte becomes before the split (a newline)
+_CUTS = bytes.maketrans(_CUT_BYTES, bytes([_CUT]) * len(_CUT_BYTES))
+#: Bytes of a key: the run of bytes right after a cut (a head) or right before one (a tail),
+#: with no cut byte inside; with the cut byte itself, the key's place (`_EXTENT` bytes) is the
+#: text's anchor, so the automata's bookkeeping (the log, the remembered chunks) holds it too.
+_KEY = 24
+_EXTENT = _KEY + 1
+_HEAD, _TAIL_KEY = itemgetter(slice(0, _KEY)), itemgetter(slice(-_KEY, None))
 #: Inputs at least this long are cut into chunks whose anchors are remembered (`Index.find`) ...
 _CHUNKED = 4096
 #: ... each ending at the first line end at least this many bytes past its start (no fewer than
@@ -84,10 +107,12 @@ _ENDS = 32
 #: anchor alone, not with `bytes.find` (`_placed`; with more anchors its prefilter is slower).
 _MEMMEM_BYTES = 128 * 1024
 
-Candidate = tuple[int, int, str, bytes]  # (anchor offset in its text, text size, digest, tail)
+#: (anchor offset in its text, text size, digest, tail, anchor size): the anchor's size places a
+#: hit in the chunk or the seam it lies in (`Index._chunked`).
+Candidate = tuple[int, int, str, bytes, int]
 #: Where an anchor lies (its offset in the bytes searched) and the text it points to.
 Hit = tuple[int, Candidate]
-_NO_CANDIDATE: Candidate = (0, 0, "", b"")
+_NO_CANDIDATE: Candidate = (0, 0, "", b"", 0)
 
 
 class _Level:
@@ -188,7 +213,7 @@ def _fitting(data: bytes, hits: list[Hit], digests: set[str]) -> list[tuple[int,
     """(start, end, digest) of each hit whose text fits in `data` where its anchor lies, with
     its tail there, and is indexed now (`digests`): the places a known text may lie."""
     size, ends, found = len(data), data.endswith, []
-    for at, (offset, length, digest, tail) in hits:
+    for at, (offset, length, digest, tail, _) in hits:
         start = at - offset
         end = start + length
         if start >= 0 and end <= size and ends(tail, start, end) and digest in digests:
@@ -233,6 +258,12 @@ class Index:
     """Anchors of known texts; `find` gives every place a known text may start in an input."""
 
     def __init__(self) -> None:
+        #: Texts found by content: key -> candidates (their anchor the key with its cut byte),
+        #: for keys right after a cut (heads) and right before one (tails); and digest -> the
+        #: table and key each is under, for `discard`.
+        self._heads: dict[bytes, list[Candidate]] = {}
+        self._tails: dict[bytes, list[Candidate]] = {}
+        self._keyed: dict[str, tuple[dict[bytes, list[Candidate]], bytes]] = {}
         self._levels: list[_Level] = []  # largest first
         self._fresh: list[tuple[bytes, Candidate]] = []
         self._used: dict[bytes, int] = {}  # anchor -> texts using it
@@ -274,12 +305,22 @@ class Index:
             self._dropped.discard(digest)  # (a second copy would outlive every merge)
             self._digests.add(digest)
             # Searched for by its first bytes: any piece of a text finds every place it lies.
-            self._log.append((data[:ANCHOR], (0, len(data), digest, data[-_TAIL:])))
+            anchor = data[:ANCHOR]
+            self._log.append((anchor, (0, len(data), digest, data[-_TAIL:], len(anchor))))
+            return
+        keyed = self._key_of(data)
+        if keyed is not None:  # found by content: a dict entry, no automaton
+            table, key, offset = keyed
+            candidate = (offset, len(data), digest, data[-_TAIL:], _EXTENT)
+            table.setdefault(key, []).append(candidate)
+            self._keyed[digest] = (table, key)
+            self._digests.add(digest)
+            self._log.append((data[offset : offset + _EXTENT], candidate))
             return
         anchor, offset = self._anchor(data)
         self._used[anchor] = self._used.get(anchor, 0) + 1
         self._digests.add(digest)
-        item = (anchor, (offset, len(data), digest, data[-_TAIL:]))
+        item = (anchor, (offset, len(data), digest, data[-_TAIL:], len(anchor)))
         self._fresh.append(item)
         self._log.append(item)
         if len(self._fresh) >= _BATCH:
@@ -306,10 +347,47 @@ class Index:
             self._levels = [_Level(kept, _tier(len(kept)))] if kept else []
 
     def discard(self, digest: str) -> None:
-        """Stop finding a text (it is left out of the automaton at its level's next merge)."""
-        if digest in self._digests:
-            self._digests.discard(digest)
+        """Stop finding a text (a key's entry goes now; an anchor is left out of the automaton
+        at its level's next merge)."""
+        if digest not in self._digests:
+            return
+        self._digests.discard(digest)
+        keyed = self._keyed.pop(digest, None)
+        if keyed is None:
             self._dropped.add(digest)
+            return
+        table, key = keyed
+        kept = [c for c in table[key] if c[2] != digest]
+        if kept:
+            table[key] = kept
+        else:
+            del table[key]
+
+    def _key_of(self, data: bytes) -> tuple[dict[bytes, list[Candidate]], bytes, int] | None:
+        """The table, key and anchor offset (its cut byte's, for a head; the key's, for a tail)
+        a text is found by in `_keyed_hits`: its first key, in order, that no other text uses,
+        of the first `_TRIES`; None for a text with none (it is anchored in the automata)."""
+        pieces = data.translate(_CUTS).split(bytes([_CUT]))
+        last, at, tries = len(pieces) - 1, 0, 0
+        if not last:
+            return None
+        for number, piece in enumerate(pieces):
+            size = len(piece)
+            if size >= _KEY:
+                if number:  # a head: the key after the cut at `at - 1`
+                    key = piece[:_KEY]
+                    if key not in self._heads:
+                        return self._heads, key, at - 1
+                    tries += 1
+                if number < last:  # a tail: the key before the cut at `at + size`
+                    key = piece[-_KEY:]
+                    if key not in self._tails:
+                        return self._tails, key, at + size - _KEY
+                    tries += 1
+                if tries >= _TRIES:
+                    return None
+            at += size + 1
+        return None
 
     def _anchor(self, data: bytes) -> tuple[bytes, int]:
         if len(data) <= ANCHOR:
@@ -328,7 +406,7 @@ class Index:
         return [i for level in levels for i in level.items() if self._keep(i)]
 
     def _keep(self, item: tuple[bytes, Candidate]) -> bool:
-        anchor, (_, _, digest, _) = item
+        anchor, digest = item[0], item[1][2]
         if digest not in self._dropped:
             return True
         self._dropped.discard(digest)
@@ -363,6 +441,8 @@ class Index:
                 else:
                     levels.append(level)
         hits: list[Hit] = []
+        if self._keyed:
+            self._keyed_hits(data, hits)
         for level in levels:
             searcher = level.searcher(size)  # (groups `candidates`)
             candidates = level.candidates
@@ -371,6 +451,34 @@ class Index:
                     hits.append((at, candidate))
         _placed(data, fresh, hits)
         return hits
+
+    def _keyed_hits(self, data: bytes, hits: list[Hit]) -> None:
+        """Add to `hits` where a key of the texts found by content lies in `data` next to a cut
+        byte (its anchor's place, with its candidate): every such place whose key and cut byte
+        are both in `data`, so what a piece of an input gives depends on its bytes alone (as
+        `_chunked` needs). The cut, the keys of each piece and their lookup run in C; only the
+        keys found (rare in a new input) are placed, by the pieces' offsets."""
+        pieces = data.translate(_CUTS).split(bytes([_CUT]))
+        if len(pieces) < 2:
+            return
+        heads, tails = self._heads, self._tails
+        found_heads = heads.keys() & map(_HEAD, islice(pieces, 1, None))
+        found_tails = tails.keys() & map(_TAIL_KEY, islice(pieces, len(pieces) - 1))
+        if not found_heads and not found_tails:
+            return
+        ends = list(accumulate(map(len, pieces)))  # piece n starts at ends[n - 1] + n
+        if found_heads:
+            found = map(found_heads.__contains__, map(_HEAD, islice(pieces, 1, None)))
+            for number in compress(range(1, len(pieces)), found):
+                at = ends[number - 1] + number - 1  # the cut byte before it
+                for candidate in heads[pieces[number][:_KEY]]:
+                    hits.append((at, candidate))
+        if found_tails:
+            found = map(found_tails.__contains__, map(_TAIL_KEY, islice(pieces, len(pieces) - 1)))
+            for number in compress(range(len(pieces) - 1), found):
+                at = ends[number] + number - _KEY  # the key before the cut after it
+                for candidate in tails[pieces[number][-_KEY:]]:
+                    hits.append((at, candidate))
 
     def _chunked(self, data: bytes) -> list[Hit]:
         """`_hits(data)`, searching only the pieces of `data` not remembered: its chunks
@@ -421,7 +529,7 @@ class Index:
         def piece_of(at: int, length: int) -> int:
             """The piece whose entry holds an anchor of `length` bytes at `at`."""
             chunk = bisect_right(cuts, at) - 1
-            return 2 * chunk if at + min(length, ANCHOR) <= cuts[chunk + 1] else 2 * chunk + 1
+            return 2 * chunk if at + length <= cuts[chunk + 1] else 2 * chunk + 1
 
         if since < added:  # the texts added since some piece was searched, found in all of it
             log, grown = self._log, {}
@@ -429,7 +537,7 @@ class Index:
                 addition = since + 1 + number
                 for at in _places(data, anchor):
                     hits.append((at, candidate))
-                    p = piece_of(at, candidate[1])
+                    p = piece_of(at, candidate[4])
                     entry = entries[p]
                     if entry is not None and entry[0] < addition:
                         entry[1].append((at - starts[p], candidate))
@@ -447,7 +555,7 @@ class Index:
             for at, candidate in self._hits(data[start:end]):
                 at += start
                 hits.append((at, candidate))
-                p = piece_of(at, candidate[1])
+                p = piece_of(at, candidate[4])
                 piece_hits = fresh.get(p)
                 if piece_hits is not None:
                     piece_hits.append((at - starts[p], candidate))
