@@ -655,6 +655,8 @@ class Ledger:
                     sources=tuple(sorted({*known.sources, source.id})),
                     source_kinds=tuple(sorted({*known.source_kinds, source.kind})),
                 )
+            if not self._may_quote_summaries(text, data, key):
+                return None  # a known source's own text, or one quoting no summary: evidence
             found = self._resolve([text])
             if found.failure is not None:  # never stored as resting on what it could not read
                 raise found.failure
@@ -675,6 +677,39 @@ class Ledger:
             source_kinds=tuple(sorted(kinds | {source.kind})),
             window=window,
         )
+
+    def _may_quote_summaries(self, text: str, data: bytes, key: str) -> bool:
+        """False only when `text` (`key`: its digest, looked up already) holds no known summary:
+        then `_resolve([text])` would find it depth 0 (original evidence), all `_carried`
+        needs to know. The same search as `_resolve`'s (caught up first; the text, then its
+        stripped form, looked up whole; the index, and the store while the cache is
+        incomplete), without the region it builds, nor a split remembered for a text that
+        comes back whole (it is recorded next). True when a text found is not cached (then
+        `_resolve` decides); a store that fails raises, as it does there.
+
+        Why: a loop records every new turn, and almost none quotes a summary; resolving it
+        cost about as much again as searching it."""
+        try:
+            self._catch_up()
+        except Exception:  # a miss below still asks the store, and fails closed if it cannot
+            _logger.debug("policyhook: store catch-up failed", exc_info=True)
+        whole = self._entries.get(key)  # (as `_resolve` takes it: the whole text first)
+        if whole is not None:
+            return whole.depth > 0
+        bare = self._message_digests(text, data)[1]
+        if bare is not None:
+            entry = self._fetch([bare]).get(bare)
+            if entry is not None:
+                return entry.depth > 0
+        hits = self._confirmed(data, self._index.find(data))
+        if not self._complete:  # texts the cache does not hold, asked of the store
+            hits |= self._confirmed(data, self._ask_store(data))
+        entries = self._entries
+        for _, _, found in hits:
+            entry = entries.get(found)
+            if entry is None or entry.depth > 0:
+                return True
+        return False
 
     def record_summary(
         self, text: str, summarized: Region, window: str, facts: Sequence[FactRecord] = ()

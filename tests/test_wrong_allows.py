@@ -150,7 +150,7 @@ class TestRegisteringWhileTheStoreFailsToRead:
         """record_source raises the store's error; registered again, the text is evidence."""
         path = tmp_path / "store.sqlite"
         inner: Store = MemoryStore() if kind == "memory" else SQLiteStore(path)
-        store = Faulty(inner, "lookup", after=1)  # the second lookup: inside recognition
+        store = Faulty(inner, "lookup", after=0)  # its lookup, before it is recognised
         guard = Guard(store=cast(Store, store))
         store.failing = True
         with pytest.raises(OSError):
