@@ -562,10 +562,11 @@ class Ledger:
             raise ValueError('"kind" must be a non-empty string, e.g. "config_read"')
         for name, value in (("kind", kind), ("source_id", source_id or ""), ("window", window)):
             _shapes.check_id(name, value)
-        source = Source(id=source_id or self.text_id(kind, text), kind=kind)
         data = encode(text)
-        # Hashed once (and remembered: the turn comes back in the next input as a message)
+        # Hashed once (and remembered: the turn comes back in the next input as a message); the
+        # id derived from it is `self.text_id(kind, text)`, the same digest of the same bytes
         key = self._message_digests(text, data)[0]
+        source = Source(id=source_id or f"{kind}:{key[:16]}", kind=kind)
         carried = self._carried(text, data, key, source, window)
         if carried is None:
             self.store.put_source(source, text)  # refused if the id names another text

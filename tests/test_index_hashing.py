@@ -85,3 +85,24 @@ class TestHashedOnce:
         ledger, summary = self._ledger()
         _, found = self._hashed(ledger, "  \n" + summary + " \n")
         assert found.region.depth == 1 and found.unregistered == ()
+
+
+class TestRecordedIdsFromTheDigest:
+    @given(text=st.text(min_size=1, max_size=80), kind=st.sampled_from(["turn", "tool_output"]))
+    def test_a_derived_source_id_is_the_ledgers_text_id(self, text: str, kind: str) -> None:
+        """`record_source` without an id derives it from the digest it hashed the turn for:
+        the id `Ledger.text_id(kind, text)` gives (other processes derive it so), whitespace,
+        non-ASCII and lone surrogates included."""
+        ledger = Ledger(MemoryStore())
+        assert ledger.record_source(text, kind).id == ledger.text_id(kind, text)
+
+    def test_a_new_turn_is_hashed_once_by_the_ledger(self) -> None:
+        """Recording a new 16 KB turn hashes its bytes twice in all: once for the ledger's
+        digest (its lookup, its id and its search's confirmations share it) and once by
+        MemoryStore under its own secret; not a third time for its id."""
+        ledger = Ledger(MemoryStore())
+        turn = "a new turn of the session, with words and more words. " * 300
+        counting = _Counting()
+        with mock.patch.object(hashlib, "blake2b", counting):
+            ledger.record_source(turn, "turn")
+        assert counting.hashed < 3 * len(encode(turn))
