@@ -366,27 +366,28 @@ class Index:
     def _key_of(self, data: bytes) -> tuple[dict[bytes, list[Candidate]], bytes, int] | None:
         """The table, key and anchor offset (its cut byte's, for a head; the key's, for a tail)
         a text is found by in `_keyed_hits`: its first key, in order, that no other text uses,
-        of the first `_TRIES`; None for a text with none (it is anchored in the automata)."""
-        pieces = data.translate(_CUTS).split(bytes([_CUT]))
-        last, at, tries = len(pieces) - 1, 0, 0
-        if not last:
-            return None
-        for number, piece in enumerate(pieces):
-            size = len(piece)
-            if size >= _KEY:
-                if number:  # a head: the key after the cut at `at - 1`
-                    key = piece[:_KEY]
-                    if key not in self._heads:
-                        return self._heads, key, at - 1
-                    tries += 1
-                if number < last:  # a tail: the key before the cut at `at + size`
-                    key = piece[-_KEY:]
-                    if key not in self._tails:
-                        return self._tails, key, at + size - _KEY
-                    tries += 1
-                if tries >= _TRIES:
-                    return None
-            at += size + 1
+        of the first `_TRIES`; None for a text with none (it is anchored in the automata).
+        Cut bytes are found one after the other (`bytes.find`), not split out: the first one
+        or two usually give the key."""
+        cut = data.translate(_CUTS)
+        find, size = cut.find, len(cut)
+        start, tries = 0, 0  # where the piece before the next cut starts
+        end = find(_CUT)
+        while end != -1:
+            if end - start >= _KEY:  # a tail: the key before this cut
+                key = data[end - _KEY : end]
+                if key not in self._tails:
+                    return self._tails, key, end - _KEY
+                tries += 1
+            start = end + 1
+            end = find(_CUT, start)
+            if (end if end != -1 else size) - start >= _KEY:  # a head: the key after the cut
+                key = data[start : start + _KEY]
+                if key not in self._heads:
+                    return self._heads, key, start - 1
+                tries += 1
+            if tries >= _TRIES:
+                return None
         return None
 
     def _anchor(self, data: bytes) -> tuple[bytes, int]:
