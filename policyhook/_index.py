@@ -431,9 +431,10 @@ class Index:
         size = len(data)
         levels = self._levels
         fresh = self._fresh
+        if size >= _CHUNKED and len(fresh) > _FIND_MAX:  # the batch becomes a level: a pass,
+            self._fold()  # not many `find`s (a find of 4 KB costs about an eighth of a pass)
+            levels, fresh = self._levels, self._fresh  # (a fold may rebuild the list)
         if size >= _LARGE_INPUT:
-            if len(fresh) > _FIND_MAX:  # the batch becomes a level: a pass, not many `find`s
-                self._fold()
             self._consolidate(size)
             levels, fresh = [], list(self._fresh)
             for level in sorted(self._levels, key=lambda level: level.size):
