@@ -624,6 +624,10 @@ def bench_guard_parts(report: Report, engine: Mapping[str, float], repeat: int) 
     calls = {"whole": _stubbed_call(backend, window, set())}
     calls |= {label: _stubbed_call(backend, window, stubbed) for label, stubbed in steps.items()}
     calls["own"] = _stubbed_call(backend, window, everything)
+    # The "evaluated every call" row's call, whole and with decide replaced by its result:
+    # what one evaluation costs inside a guarded call (its floor for that row).
+    calls["evaluated/whole"] = _stubbed_call(backend, window, set(), keep=False)
+    calls["evaluated/decide"] = _stubbed_call(backend, window, {"decide"}, keep=False)
     guard = Guard(input_policies(backend), store=MemoryStore())
     guard._telemetry = _NoTelemetry()  # type: ignore[assignment]
     _, value, output = _guarded_call(guard)
@@ -631,9 +635,11 @@ def bench_guard_parts(report: Report, engine: Mapping[str, float], repeat: int) 
     region = resolution.region
     live = guard.store.live(region.sources)
     activations = itertools.cycle([_activation_of(region, live) for _ in range(1000)])
+    evaluated = functools.partial(_decide_next, guard.policies, activations, evaluate=True)
     alone: dict[str, Callable[[], object]] = {
         "provenance: `Ledger.resolve` of the input": lambda: guard.ledger.resolve(value, window),
         "`PolicySet.decide`": lambda: guard.policies.decide(next(activations)),
+        _EVALUATED: evaluated,
         "provenance: `Ledger.record_summary` of the output":
             lambda: guard.ledger.record_summary(output, region, window),
         "window depth + liveness, as the guard reads them (`_window_depth`, `_live`)": lambda: (
@@ -653,6 +659,14 @@ def bench_guard_parts(report: Report, engine: Mapping[str, float], repeat: int) 
     rows.append(["the guard's own code (every step above replaced by its result)", us(own), "",
                  f"{own / whole:.0%}", f"{own / fair:.2f}x"])  # fmt: skip
     rows.append(["whole guarded call", us(whole), "", "100%", f"{whole / fair:.2f}x"])
+    evaluated_whole = timed["evaluated/whole"].median
+    cost = evaluated_whole - timed["evaluated/decide"].median
+    data[_EVALUATED] = {"in_call": cost, "alone": timed[f"alone/{_EVALUATED}"].median}
+    data["evaluated/whole"] = evaluated_whole
+    rows.append([_EVALUATED, us(cost), us(timed[f"alone/{_EVALUATED}"].median),
+                 f"{cost / evaluated_whole:.0%}", f"{cost / fair:.2f}x"])  # fmt: skip
+    rows.append(["whole guarded call, evaluated every call", us(evaluated_whole), "", "100%",
+                 f"{evaluated_whole / fair:.2f}x"])  # fmt: skip
     report.table(
         f"Guard: where one call's time goes ({backend.name}, telemetry stubbed)",
         ["step", "in the call µs", "timed alone µs", "share of the call", "vs fair raw engine"],
@@ -661,14 +675,24 @@ def bench_guard_parts(report: Report, engine: Mapping[str, float], repeat: int) 
         "replaced by its result (computed beforehand), all measured in alternating slices of "
         "the same run; a step costs more inside a call than alone in a loop (the steps before "
         "it leave the caches cold and the ledger with new state to read). The shares need not "
-        "add up to 100%.",
+        'add up to 100%. The last two rows are the "evaluated every call" row\'s call (the '
+        "allows kept forgotten before each call, as in the table above): its `decide` is the "
+        "one evaluation, its share of that call.",
     )
     report.data["guard_parts_ns"] = data
 
 
-def _stubbed_call(backend: cel.Backend, window: str, stubbed: set[str]) -> Callable[[], object]:
+#: The split table's row of the evaluated call's `decide`.
+_EVALUATED = "`PolicySet.decide`, evaluated every call (no allow kept)"
+
+
+def _stubbed_call(
+    backend: cel.Backend, window: str, stubbed: set[str], keep: bool = True
+) -> Callable[[], object]:
     """The guarded call of `bench_guard_parts`, with the `stubbed` steps (resolve, decide,
-    record_summary, max_depth, live) replaced by their results, computed beforehand."""
+    record_summary, max_depth, live) replaced by their results, computed beforehand; `keep`
+    False: the policy set forgets the allows it kept before each call (also when `decide` is
+    stubbed, so the two calls differ by the evaluation alone)."""
     guard = Guard(input_policies(backend), store=MemoryStore())
     guard._telemetry = _NoTelemetry()  # type: ignore[assignment]
     call, value, _ = _guarded_call(guard)
@@ -688,10 +712,18 @@ def _stubbed_call(backend: cel.Backend, window: str, stubbed: set[str]) -> Calla
     for name in stubbed - {"decide"}:
         owner, attribute, stub = stubs[name]
         setattr(owner, attribute, stub)
+    real = guard.policies
     if "decide" in stubbed:
         policies = SimpleNamespace(checks_output=False, decide=lambda *_, **__: decision)
         guard._policies = policies  # type: ignore[assignment]
-    return call
+    if keep:
+        return call
+
+    def evaluated() -> object:
+        _forget_allows(real)
+        return call()
+
+    return evaluated
 
 
 def _activation_of(region: Region, live: Any) -> schema.Activation:

@@ -113,6 +113,8 @@ Candidate = tuple[int, int, str, bytes, int]
 #: Where an anchor lies (its offset in the bytes searched) and the text it points to.
 Hit = tuple[int, Candidate]
 _NO_CANDIDATE: Candidate = (0, 0, "", b"", 0)
+#: A batch item's anchor, read in C (`map`).
+_ANCHOR_OF = itemgetter(0)
 
 
 class _Level:
@@ -591,8 +593,11 @@ class Index:
             return None
         if count == 0 or len(data) < MIN_BYTES:
             return []
+        recent = self._log[len(self._log) - count :]
+        if len(data) < _MEMMEM_BYTES and not any(map(data.__contains__, map(_ANCHOR_OF, recent))):
+            return []  # no anchor added since lies in it (the usual: one `in` in C per text)
         digests, dropped = self._digests, self._dropped
-        added = [i for i in self._log[len(self._log) - count :] if i[1][2] not in dropped]
+        added = [i for i in recent if i[1][2] not in dropped]
         hits: list[Hit] = []
         _placed(data, added, hits)
         return _fitting(data, hits, digests)

@@ -1103,6 +1103,10 @@ class Ledger:
             new = self._index.find_added(data, memo[1])
             if new is not None:  # only the texts added since: what was found stands
                 ordered, recipe = memo[3], memo[4]
+                if not new:  # none is there: the same split, complete up to `added` now (it
+                    # holds as many places as before, so no bound to check again)
+                    self._splits[key] = (epoch, added, memo[2], ordered, recipe)
+                    return ordered
                 added_hits = self._confirmed(data, new) if new else None
                 if added_hits:
                     ordered = tuple(sorted({*ordered, *((s, s - e, d) for s, e, d in added_hits)}))
