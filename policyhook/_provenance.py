@@ -8,6 +8,7 @@ embedded, and everything else counts as original content that no store holds yet
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 import operator
 import re
@@ -338,6 +339,8 @@ class Resolution:
     live: frozenset[str] | None = None
     #: Why the store could not be read (the region was resolved from what is cached: fail closed).
     failure: Exception | None = field(default=None, compare=False)
+    #: What the ledger already knows of the region's liveness, for the view (`Held`).
+    held: Held | None = field(default=None, compare=False, repr=False)
 
 
 #: One part of an input as the ledger resolves it: (id, depth, sources, source kinds, chars),
@@ -383,12 +386,33 @@ class View:
     #: Held now, of: the ids asked, every source in `rests_on`, every source among `entries`.
     live: frozenset[str]
     depth: int | None = None  # the window's deepest summary (None: no window asked)
+    #: Where in the store's history `live` was read (opaque; None: the store does not say):
+    #: every id in `live` was held there. Handed back as `Held.as_of`, it lets the store
+    #: check only what changed since instead of every id again (`Store.view`'s `held`).
+    as_of: object | None = field(default=None, compare=False)
 
     def asked(self, source_ids: Collection[str]) -> set[str]:
         """The ids whose liveness this view answers, when `source_ids` were asked."""
         out = set(source_ids).union(*self.rests_on.values())
         out.update(e.id for e in self.entries.values() if e.depth == 0)
         return out
+
+
+@dataclass(frozen=True)
+class Held:
+    """What the ledger already knows of a decision's sources, for `Store.view` (`held`): the
+    ids of `ids` were all held as of `as_of` (a `View.as_of` of this store), and the sources
+    asked are `ids` and `rest`. A rolling chain's k-th pass rests on its previous summary's
+    closure (k - 1 ids, all held at the last pass) and one new turn: the store then checks
+    what died since `as_of` and the one turn, not the k ids again.
+
+    A store that cannot tell exactly what changed since `as_of` (not its own token, a log
+    that no longer reaches back, an expiry it cannot rule out) checks every id, as without
+    it."""
+
+    ids: Collection[str]
+    as_of: object
+    rest: frozenset[str]
 
 
 @runtime_checkable
@@ -464,13 +488,33 @@ class Store(Protocol):
         """A decision's reads in one round trip (one statement, one script): `since(cursor,
         limit)`, `lookup(digests)` with `rests_on` of the summaries found, which of
         `source_ids` and of those summaries' and found sources' ids are held, and `window`'s
-        depth. Atomic where the store can make it so; never staler than the calls it replaces."""
+        depth. Atomic where the store can make it so; never staler than the calls it replaces.
+
+        Optional: a store may return `View.as_of` and take a keyword-only `held: Held | None`
+        (what the ledger knows: `source_ids` are `held.ids` and `held.rest`, and `held.ids`
+        were all held as of `held.as_of`), to answer from what changed since. The ledger
+        passes `held` only to a store whose `view` accepts it and that gave an `as_of`;
+        without either, every id is checked (MemoryStore and SQLiteStore offer it)."""
 
     def sources(self, limit: int) -> list[tuple[Source, str]]:
         """The most recently put sources still held (for inspection and adapters' tests)."""
 
     def summaries(self, window: str, limit: int) -> list[tuple[Region, str]]:
         """The most recent summaries of `window` still held, oldest first, with provenance."""
+
+
+def _takes_held(store: Store) -> bool:
+    """Whether `store.view` takes the optional `held` keyword (or any keyword: a wrapper
+    passing its arguments on). A store implementing the protocol without it is never given
+    it, whatever its views say: it checks every id, as before."""
+    try:
+        parameters = inspect.signature(store.view).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: not given it
+        return False
+    return any(
+        p.kind == p.VAR_KEYWORD or (p.name == "held" and p.kind == p.KEYWORD_ONLY)
+        for p in parameters
+    )
 
 
 class Ledger:
@@ -514,6 +558,11 @@ class Ledger:
         # Source sets of recently recorded or resolved summaries: a rolling chain's next pass
         # reuses its parent's instead of walking the chain.
         self._closures = _Closures()
+        # The last region whose sources the store found all held, and where (`View.as_of`):
+        # (region id, its source set, as_of). A summary recorded of it keeps that with its
+        # closure (`_Closures.as_of`). One, not a map: each holds a k-sized set alive.
+        self._all_held: tuple[str, frozenset[str], object] | None = None
+        self._takes_held = _takes_held(store)  # whether `store.view` takes `held`
         self._region_ids: dict[str, str] = {}  # joined digests of recent inputs -> region id
         # Recent messages and recorded texts -> their digests (`_message_digests`).
         self._hashed: dict[str, tuple[str, str | None]] = {}
@@ -739,7 +788,13 @@ class Ledger:
                         self._closures.pop(entry.id)
                 else:  # recorded as built: it rests on exactly what it summarized
                     anchored = self._closures.anchored(entry.parents)
-                    self._closures.put(entry.id, region.sources, entry.parents, anchored=anchored)
+                    held = self._all_held
+                    as_of = None
+                    if held is not None and held[0] == summarized.id and held[1] is region.sources:
+                        as_of = held[2]
+                    self._closures.put(
+                        entry.id, region.sources, entry.parents, anchored=anchored, as_of=as_of
+                    )
                 if window in self._windows:
                     self._windows[window] = max(self._windows[window], region.depth)
         return region
@@ -778,7 +833,12 @@ class Ledger:
             first = self._reading(_Deferred(self.store, asked), items)
             cursor, depth_of = self._cursor, None if window in self._windows else window
         try:  # the round trip, outside the lock: other threads decide meanwhile
-            view = self.store.view(cursor, 1024, asked, first.region.sources, depth_of)
+            sources, held = first.region.sources, first.held
+            if held is not None and self._takes_held:  # (optional: not in the protocol's)
+                viewing: Any = self.store.view
+                view = viewing(cursor, 1024, asked, sources, depth_of, held=held)
+            else:
+                view = self.store.view(cursor, 1024, asked, sources, depth_of)
         except Exception as exc:  # fail closed, from what is cached, asking nothing more
             with self._lock:
                 return replace(self._reading(_Failing(exc), items), failure=exc)
@@ -812,6 +872,9 @@ class Ledger:
             # exactly the region's sources: no intersection to take (O(k) on a long chain).
             # `first` was made for this call and no one else holds it: completed in place.
             first.__dict__["live"] = view.live
+            if view.as_of is not None and len(view.live) == len(first.region.sources):
+                # Every source held (the view answered exactly them): a summary of it keeps that
+                self._all_held = (first.region.id, first.region.sources, view.as_of)
             return first
         if len(view.since) >= 1024:  # far behind: catch up the usual way, then resolve
             found = self._resolve(items)
@@ -928,16 +991,32 @@ class Ledger:
         parents: set[str] = set()  # those of them cached: the region rests on them by id
         direct: list[frozenset[str]] = []  # the sources of every other part
         depth = chars = 0
-        for part_id, part_depth, sources, _, part_chars in parts:
+        # The largest closure of a summary part found all held (`Held`): its part and as_of.
+        held_at, held_as_of, held_size = -1, None, -1
+        for at, (part_id, part_depth, sources, _, part_chars) in enumerate(parts):
             chars += part_chars
             if part_depth > 0:
                 if part_depth > depth:
                     depth = part_depth
                 summaries[part_id] = None
+                as_of = self._closures.as_of(part_id, sources)
+                if as_of is not None and len(sources) > held_size:
+                    held_at, held_as_of, held_size = at, as_of, len(sources)
                 if part_id in cached:
                     parents.add(part_id)
                     continue
             direct.append(sources)
+        held: Held | None = None
+        if held_at >= 0 and failure is None:  # the other parts' sources are checked in full
+            rest = [p[2] for at, p in enumerate(parts) if at != held_at]
+            held = _made(
+                Held,
+                {
+                    "ids": parts[held_at][2],
+                    "as_of": held_as_of,
+                    "rest": frozenset().union(*rest) if rest else frozenset(),
+                },
+            )
         made_of = self._made_of
         made_of[region_id] = (tuple(sorted(parents)), frozenset().union(*direct))
         made_of.move_to_end(region_id)
@@ -967,6 +1046,7 @@ class Ledger:
                 "summaries": tuple(summaries),
                 "live": None,
                 "failure": failure,
+                "held": held,
             },
         )
 
@@ -1381,9 +1461,14 @@ class _Closures:
     walks nothing, and nothing is copied on either hot path.
     """
 
-    __slots__ = ("_head", "_head_id", "_ids", "_older", "_parents", "_unanchored", "drops")
+    __slots__ = (
+        "_as_of", "_head", "_head_id", "_ids", "_older", "_parents", "_unanchored", "drops"
+    )  # fmt: skip
 
     def __init__(self) -> None:
+        # Where the store found every id of a closure held (`View.as_of`), by summary id: kept
+        # only with the closure it was found for (the newest's and its parents' frozensets).
+        self._as_of: dict[str, object] = {}
         self._head_id: str | None = None
         self._head: frozenset[str] = frozenset()
         # The newest's parents whose closures were kept as given (see the class docstring).
@@ -1409,12 +1494,22 @@ class _Closures:
         self._older.move_to_end(summary_id)
         return frozenset(older)
 
+    def as_of(self, summary_id: str, sources: frozenset[str]) -> object | None:
+        """Where the store found every id of `sources` held, if `sources` is the closure
+        kept for `summary_id` (the very set, so never one made otherwise) and that is known."""
+        as_of = self._as_of.get(summary_id)
+        if as_of is None:
+            return None
+        kept = self._head if summary_id == self._head_id else self._parents.get(summary_id)
+        return as_of if kept is sources else None
+
     def put(
         self,
         summary_id: str,
         sources: frozenset[str],
         parents: Collection[str] = (),
         anchored: bool = False,
+        as_of: object | None = None,
     ) -> None:
         """`sources` becomes the newest closure. `parents`: the summaries `summary_id` was just
         made from, when it was just recorded: their closures leave the older ones, the newest
@@ -1423,7 +1518,8 @@ class _Closures:
         summary it rests on was cached when it was made (walked in memory, or recorded on
         anchored parents), so any growth of one is seen (`Ledger._remember`); a closure the
         store gave is not, and goes when a summary new to the cache arrives
-        (`drop_unanchored`)."""
+        (`drop_unanchored`). `as_of`: where the store found every id of `sources` held
+        (`View.as_of`), kept while `sources` is the newest or a kept parent's."""
         head_id, kept = self._head_id, self._parents
         if parents:  # a record: what it was made from replaces the last record's parents
             made_from: dict[str, frozenset[str]] = {}
@@ -1432,6 +1528,7 @@ class _Closures:
                     made_from[parent] = closure
                 else:
                     self._unanchored.discard(parent)
+                    self._as_of.pop(parent, None)
             for parent in parents:
                 if self._drop_older(parent):
                     self._unanchored.discard(parent)
@@ -1443,10 +1540,15 @@ class _Closures:
                 self._drop_older(head_id)
                 self._older[head_id] = dict.fromkeys(self._head)
                 self._ids += len(self._head)
+                self._as_of.pop(head_id, None)
         if kept:
             kept.pop(summary_id, None)
         self._drop_older(summary_id)
         self._head_id, self._head = summary_id, sources
+        if as_of is None:
+            self._as_of.pop(summary_id, None)
+        else:
+            self._as_of[summary_id] = as_of
         if anchored:
             self._unanchored.discard(summary_id)
         else:
@@ -1481,6 +1583,7 @@ class _Closures:
                 self._head_id, self._head = None, frozenset()
             self._parents.pop(summary_id, None)
             self._drop_older(summary_id)
+            self._as_of.pop(summary_id, None)
         self._unanchored.clear()
 
     def pop(self, summary_id: str) -> None:
@@ -1489,6 +1592,7 @@ class _Closures:
         self._parents.pop(summary_id, None)
         self._drop_older(summary_id)
         self._unanchored.discard(summary_id)
+        self._as_of.pop(summary_id, None)
 
     def clear(self) -> None:
         if self._head_id is not None or self._parents or self._older:
@@ -1498,6 +1602,7 @@ class _Closures:
         self._older.clear()
         self._ids = 0
         self._unanchored.clear()
+        self._as_of.clear()
 
 
 class _Deferred:
