@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import itertools
 import logging
 import operator
 import re
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
@@ -327,6 +329,122 @@ class Region:
         )
 
 
+#: A region resting on at least this many sources gets them as a `_Grown` set (made whole only
+#: when read); a smaller one as a frozenset, as always.
+_GROWN_FROM = 256
+
+
+class _Grown(AbstractSet[str]):
+    """A region's source set as a rolling chain grows it: a frozenset `base` and the ids added
+    to it since, made a frozenset only when something reads it whole (`Region.sources`).
+
+    Why: the k-th pass of a rolling chain rests on its previous summary's k - 1 sources and
+    one new turn. As frozensets, each pass made a new k-sized set (a copy), freed the one of
+    two passes before, and every young GC collection visited the new ones id by id: a third
+    of the pass at k = 3,000. Here a pass adds one id. The versions of one line share one dict
+    of the ids added (in order, each with its place), each version holding a prefix of it, so
+    adding to the newest version is one insert and every version answers `in` and `len` in
+    O(1); adding to an older one (two summaries of one input) starts a line of its own, from
+    that version made whole. The dict (str keys, int values) is never tracked by the GC.
+    Immutable to its readers: a version never changes what it holds."""
+
+    __slots__ = ("_added", "_base", "_made", "_size")
+
+    def __init__(self, base: frozenset[str], added: dict[str, int], size: int) -> None:
+        self._base, self._added, self._size = base, added, size
+        self._made: frozenset[str] | None = None if size else base
+
+    @classmethod
+    def of(cls, sources: AbstractSet[str]) -> _Grown:
+        return sources if isinstance(sources, _Grown) else cls(frozenset(sources), {}, 0)
+
+    @classmethod
+    def _from_iterable(cls, it: Iterable[Any]) -> AbstractSet[Any]:
+        return frozenset(it)  # what `-`, `&`, `|` of the `Set` mixins give: a frozenset
+
+    def __len__(self) -> int:
+        return len(self._base) + self._size
+
+    def __contains__(self, item: object) -> bool:
+        return item in self._base or self._added.get(item, self._size) < self._size  # type: ignore[call-overload]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.frozen())
+
+    def __hash__(self) -> int:
+        return hash(self.frozen())
+
+    def frozen(self) -> frozenset[str]:
+        """The ids as a frozenset, made once (k ids: only when something reads them all)."""
+        made = self._made
+        if made is None:  # (one C call: no thread adds to the line meanwhile)
+            made = self._made = self._base.union(itertools.islice(self._added, self._size))
+        return made
+
+    def plus(self, ids: Iterable[str]) -> _Grown:
+        """This set with `ids` added: itself if it holds them all."""
+        added, size, base = self._added, self._size, self._base
+        if size != len(added):  # not the newest of its line
+            fresh = {i for i in ids if i not in self}
+            if not fresh:
+                return self
+            places = sorted(added.get(i, -1) for i in fresh)
+            if places == list(range(size, size + len(fresh))):  # what the next version added
+                return _Grown(base, added, size + len(fresh))  # (the same input resolved again)
+            return _Grown(self.frozen(), {}, 0).plus(fresh)  # else a line of its own
+        for i in ids:
+            if i not in base and i not in added:
+                added[i] = len(added)
+        return self if len(added) == size else _Grown(base, added, len(added))
+
+
+def sources_of(region: Region) -> AbstractSet[str]:
+    """`region.sources` as the region holds them: a `_Grown` set is not made whole (its `len`
+    and `in` are O(1)); what the guard reads on its hot path, and gives the stores."""
+    grown = region.__dict__.get("_grown")
+    return region.sources if grown is None else grown
+
+
+class _LazySources:
+    """`Region.sources` of a region made with a `_Grown` set (`_grown`): the frozenset made
+    from it when first read, and kept. A region made any other way holds its frozenset in its
+    own `sources`, which comes first."""
+
+    def __get__(self, region: Region | None, owner: type) -> frozenset[str]:
+        if region is None:
+            return frozenset()  # (the field's default)
+        made: frozenset[str] = region.__dict__["_grown"].frozen()
+        region.__dict__["sources"] = made
+        return made
+
+
+Region.sources = _LazySources()  # type: ignore[assignment]
+
+
+def _region_of(
+    region_id: str,
+    depth: int,
+    sources: AbstractSet[str],
+    kinds: frozenset[str],
+    chars: int,
+    text: str | None,
+) -> Region:
+    """`Region(...)` without its `__init__` (`_made`), resting on `sources`: a `_Grown` set
+    kept as it is (`Region.sources` makes it whole when read), in the place of the field."""
+    grown = isinstance(sources, _Grown)
+    return _made(
+        Region,
+        {
+            "id": region_id,
+            "depth": depth,
+            "_grown" if grown else "sources": sources,
+            "source_kinds": kinds,
+            "chars": chars,
+            "text": text,
+        },
+    )
+
+
 @dataclass(frozen=True)
 class Resolution:
     """What a call's input is made of: the merged region, and the unrecognised content in it."""
@@ -345,7 +463,7 @@ class Resolution:
 
 #: One part of an input as the ledger resolves it: (id, depth, sources, source kinds, chars),
 #: the fields of the `Region` it stands for (plain tuples: an input has many, built per call).
-_Part = tuple[str, int, frozenset[str], frozenset[str], int]
+_Part = tuple[str, int, AbstractSet[str], frozenset[str], int]
 #: A part's sources and source kinds, read in C (`map`), not by a comprehension's own frame.
 _SOURCES_OF, _KINDS_OF = operator.itemgetter(2), operator.itemgetter(3)
 
@@ -561,7 +679,7 @@ class Ledger:
         # The last region whose sources the store found all held, and where (`View.as_of`):
         # (region id, its source set, as_of). A summary recorded of it keeps that with its
         # closure (`_Closures.as_of`). One, not a map: each holds a k-sized set alive.
-        self._all_held: tuple[str, frozenset[str], object] | None = None
+        self._all_held: tuple[str, AbstractSet[str], object] | None = None
         self._takes_held = _takes_held(store)  # whether `store.view` takes `held`
         self._region_ids: dict[str, str] = {}  # joined digests of recent inputs -> region id
         # Recent messages and recorded texts -> their digests (`_message_digests`).
@@ -735,19 +853,10 @@ class Ledger:
         data = encode(text)
         key = self._message_digests(text, data)[0]
         region_id, depth = f"s:{key[:16]}", summarized.depth + 1
-        region = _made(
-            Region,
-            {
-                "id": region_id,
-                "depth": depth,
-                "sources": summarized.sources,
-                "source_kinds": summarized.source_kinds,
-                "chars": len(text),
-                "text": text,
-            },
-        )
+        sources = sources_of(summarized)  # (a `_Grown` set is not made whole)
+        region = _region_of(region_id, depth, sources, summarized.source_kinds, len(text), text)
         with self._lock:
-            parents, direct = self._made_of.get(summarized.id, ((), summarized.sources))
+            parents, direct = self._made_of.get(summarized.id, ((), sources))
         entry = _made(
             Entry,
             {
@@ -790,10 +899,10 @@ class Ledger:
                     anchored = self._closures.anchored(entry.parents)
                     held = self._all_held
                     as_of = None
-                    if held is not None and held[0] == summarized.id and held[1] is region.sources:
+                    if held is not None and held[0] == summarized.id and held[1] is sources:
                         as_of = held[2]
                     self._closures.put(
-                        entry.id, region.sources, entry.parents, anchored=anchored, as_of=as_of
+                        entry.id, sources, entry.parents, anchored=anchored, as_of=as_of
                     )
                 if window in self._windows:
                     self._windows[window] = max(self._windows[window], region.depth)
@@ -833,12 +942,12 @@ class Ledger:
             first = self._reading(_Deferred(self.store, asked), items)
             cursor, depth_of = self._cursor, None if window in self._windows else window
         try:  # the round trip, outside the lock: other threads decide meanwhile
-            sources, held = first.region.sources, first.held
+            held = first.held
             if held is not None and self._takes_held:  # (optional: not in the protocol's)
-                viewing: Any = self.store.view
-                view = viewing(cursor, 1024, asked, sources, depth_of, held=held)
+                viewing: Any = self.store.view  # given a `_Grown` set as it is
+                view = viewing(cursor, 1024, asked, sources_of(first.region), depth_of, held=held)
             else:
-                view = self.store.view(cursor, 1024, asked, sources, depth_of)
+                view = self.store.view(cursor, 1024, asked, first.region.sources, depth_of)
         except Exception as exc:  # fail closed, from what is cached, asking nothing more
             with self._lock:
                 return replace(self._reading(_Failing(exc), items), failure=exc)
@@ -872,9 +981,10 @@ class Ledger:
             # exactly the region's sources: no intersection to take (O(k) on a long chain).
             # `first` was made for this call and no one else holds it: completed in place.
             first.__dict__["live"] = view.live
-            if view.as_of is not None and len(view.live) == len(first.region.sources):
+            asked_ids = sources_of(first.region)
+            if view.as_of is not None and len(view.live) == len(asked_ids):
                 # Every source held (the view answered exactly them): a summary of it keeps that
-                self._all_held = (first.region.id, first.region.sources, view.as_of)
+                self._all_held = (first.region.id, asked_ids, view.as_of)
             return first
         if len(view.since) >= 1024:  # far behind: catch up the usual way, then resolve
             found = self._resolve(items)
@@ -932,7 +1042,7 @@ class Ledger:
             encoded.append(data)
         parts: list[_Part] = []
         unregistered: list[tuple[str, str]] = []
-        closures: dict[str, frozenset[str]] = {}
+        closures: dict[str, AbstractSet[str]] = {}
         failure: Exception | None = None
         known: dict[str, Entry] = {}
         try:
@@ -989,7 +1099,7 @@ class Ledger:
         cached = self._summaries
         summaries: dict[str, None] = {}  # the summaries the input is made of, in order
         parents: set[str] = set()  # those of them cached: the region rests on them by id
-        direct: list[frozenset[str]] = []  # the sources of every other part
+        direct: list[AbstractSet[str]] = []  # the sources of every other part
         depth = chars = 0
         # The largest closure of a summary part found all held (`Held`): its part and as_of.
         held_at, held_as_of, held_size = -1, None, -1
@@ -1025,19 +1135,15 @@ class Ledger:
         if len(parts) == 1:  # the common case: one message (its sets are shared, not copied)
             sources, kinds = parts[0][2], parts[0][3]
         else:  # the region made of its parts side by side (`Region.merge`)
-            sources = frozenset().union(*map(_SOURCES_OF, parts))
+            largest = max(map(len, map(_SOURCES_OF, parts)), default=0)
+            if largest >= _GROWN_FROM:  # a chain's closure and a turn: the turn added to it
+                at = next(at for at, p in enumerate(parts) if len(p[2]) == largest)
+                rest = [p[2] for i, p in enumerate(parts) if i != at]
+                sources = _Grown.of(parts[at][2]).plus(frozenset().union(*rest))
+            else:
+                sources = frozenset().union(*map(_SOURCES_OF, parts))
             kinds = frozenset().union(*map(_KINDS_OF, parts))
-        region = _made(
-            Region,
-            {
-                "id": region_id,
-                "depth": depth,
-                "sources": sources,
-                "source_kinds": kinds,
-                "chars": chars,
-                "text": None,
-            },
-        )
+        region = _region_of(region_id, depth, sources, kinds, chars, None)
         return _made(
             Resolution,
             {
@@ -1057,7 +1163,7 @@ class Ledger:
         key: str,
         parts: list[_Part],
         unregistered: list[tuple[str, str]],
-        closures: dict[str, frozenset[str]],
+        closures: dict[str, AbstractSet[str]],
     ) -> None:
         """The known texts inside one message and the unrecognised gaps between them.
 
@@ -1269,7 +1375,7 @@ class Ledger:
                 found[key] = entry
         return found
 
-    def _region(self, entry: Entry, chars: int, closures: dict[str, frozenset[str]]) -> _Part:
+    def _region(self, entry: Entry, chars: int, closures: dict[str, AbstractSet[str]]) -> _Part:
         """The part of an input a known text is (as `Entry.region` would make it)."""
         if entry.depth == 0:  # a source's entry rests on itself alone
             return (entry.id, 0, frozenset((entry.id,)), frozenset((entry.kind,)), chars)
@@ -1278,7 +1384,7 @@ class Ledger:
             sources = closures[entry.id] = self._rests_on(entry)
         return (entry.id, entry.depth, sources, frozenset(entry.source_kinds), chars)
 
-    def _rests_on(self, entry: Entry) -> frozenset[str]:
+    def _rests_on(self, entry: Entry) -> AbstractSet[str]:
         """Every source a summary rests on: remembered from when it was recorded or last
         resolved, else walked in memory, else asked of the store if a parent is not cached."""
         known = self._closures.get(entry.id)
@@ -1470,9 +1576,9 @@ class _Closures:
         # only with the closure it was found for (the newest's and its parents' frozensets).
         self._as_of: dict[str, object] = {}
         self._head_id: str | None = None
-        self._head: frozenset[str] = frozenset()
+        self._head: AbstractSet[str] = frozenset()
         # The newest's parents whose closures were kept as given (see the class docstring).
-        self._parents: dict[str, frozenset[str]] = {}
+        self._parents: dict[str, AbstractSet[str]] = {}
         self._older: OrderedDict[str, dict[str, None]] = OrderedDict()  # LRU, untracked values
         self._ids = 0  # source ids the older closures hold in all (`_CLOSURE_IDS`)
         # Ids whose closure rests on summaries not all cached (`put` with `anchored` False).
@@ -1482,7 +1588,7 @@ class _Closures:
     def __len__(self) -> int:
         return len(self._older) + len(self._parents) + (self._head_id is not None)
 
-    def get(self, summary_id: str) -> frozenset[str] | None:
+    def get(self, summary_id: str) -> AbstractSet[str] | None:
         if summary_id == self._head_id:
             return self._head
         kept = self._parents.get(summary_id)
@@ -1494,7 +1600,7 @@ class _Closures:
         self._older.move_to_end(summary_id)
         return frozenset(older)
 
-    def as_of(self, summary_id: str, sources: frozenset[str]) -> object | None:
+    def as_of(self, summary_id: str, sources: AbstractSet[str]) -> object | None:
         """Where the store found every id of `sources` held, if `sources` is the closure
         kept for `summary_id` (the very set, so never one made otherwise) and that is known."""
         as_of = self._as_of.get(summary_id)
@@ -1506,7 +1612,7 @@ class _Closures:
     def put(
         self,
         summary_id: str,
-        sources: frozenset[str],
+        sources: AbstractSet[str],
         parents: Collection[str] = (),
         anchored: bool = False,
         as_of: object | None = None,
@@ -1522,7 +1628,7 @@ class _Closures:
         (`View.as_of`), kept while `sources` is the newest or a kept parent's."""
         head_id, kept = self._head_id, self._parents
         if parents:  # a record: what it was made from replaces the last record's parents
-            made_from: dict[str, frozenset[str]] = {}
+            made_from: dict[str, AbstractSet[str]] = {}
             for parent, closure in kept.items():
                 if parent in parents:
                     made_from[parent] = closure

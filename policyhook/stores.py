@@ -483,8 +483,8 @@ def _held_since(
     `known.ids` are held still. `ids` itself when all are (as `_held`)."""
     dead = {i for i in died if i in known.ids and i not in held}
     dead.update(i for i in known.rest if i not in held)
-    if not dead:
-        return ids if isinstance(ids, frozenset) else frozenset(ids)
+    if not dead:  # (a region's set, as the ledger gave it: a frozenset, or one not made yet)
+        return ids if isinstance(ids, AbstractSet) else frozenset(ids)  # type: ignore[return-value]
     return frozenset(ids).difference(dead)
 
 
@@ -1246,7 +1246,6 @@ class SQLiteStore:
         it reads at once), the earliest expiry is past, or `as_of` is not this handle's,
         every id is checked.
         """
-        ids = source_ids if isinstance(source_ids, frozenset) else frozenset(source_ids)
         now = time.time()
         with self._lock:
             self._check_file()
@@ -1255,10 +1254,14 @@ class SQLiteStore:
                 cache.clear()
             seen = self._changes
             known = None if held is None else self._known(held.as_of, now)
-            if held is not None and known is not None:
+            ids: Any = source_ids  # a frozenset, or (given `held`) the region's set as it is
+            if held is not None and known is not None and isinstance(ids, AbstractSet):
                 seen = min(seen, known[0])  # every row written since, for `_held_since`
                 missing = cache.missing(held.rest)
             else:
+                known = None
+                if not isinstance(ids, frozenset):
+                    ids = frozenset(ids)
                 # A rolling chain's k sources, all cached: one C pass, and when none is unheld
                 # the region's own set is the answer (nothing k-sized made; see `_Liveness`).
                 missing = cache.missing(ids)
@@ -1285,9 +1288,9 @@ class SQLiteStore:
                 until = cache.earliest(live)
             # The sources of the entries found, besides `ids`: as the statement read them,
             # or (after `_ask`) as the cache now holds them.
-            found = {_text(r[3]) for r in rows if r[0] == "l"} - ids
+            found = {i for i in (_text(r[3]) for r in rows if r[0] == "l") if i not in ids}
             if found:
-                live = live.union(cache.held(frozenset(found), now))
+                live = frozenset(live).union(cache.held(frozenset(found), now))
                 until = min(until, cache.earliest(live))
             as_of = (self._token, self._changes, until)
         entries = {e.digest: e for e in (_entry(r[2:12]) for r in rows if r[0] == "f")}
@@ -1319,7 +1322,7 @@ class SQLiteStore:
         return (change, until) if now < until else None
 
     def _held_since(
-        self, rows: list[Any], ids: frozenset[str], held: Held, until: float, now: float
+        self, rows: list[Any], ids: AbstractSet[str], held: Held, until: float, now: float
     ) -> tuple[frozenset[str], float]:
         """Those of `ids` held at `now`, and the earliest expiry among them, when every one
         of `held.ids` was held at the change the statement's scan started from, none of them
@@ -1341,7 +1344,9 @@ class SQLiteStore:
             rest = cache.held(held.rest, now)
             dead.update(held.rest - rest)
             until = min(until, cache.earliest(rest))
-        return (ids - dead if dead else ids), until
+        if not dead:  # (the region's set as given: nothing made)
+            return ids, until  # type: ignore[return-value]
+        return frozenset(i for i in ids if i not in dead), until
 
     def sources(self, limit: int) -> list[tuple[Source, str]]:
         with self._lock:

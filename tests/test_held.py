@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from test_rolling import OPS, PROPERTY, run_chains
 
-from policyhook import Guard, MemoryStore, SQLiteStore, Store
+from policyhook import Guard, MemoryStore, SQLiteStore, Store, _provenance
 from policyhook import stores as stores_module
-from policyhook._provenance import Held, Source, View
+from policyhook._provenance import Held, Source, View, _Grown
 
 IDS = [f"src-{i}" for i in range(10)]
 TTL = 100.0
@@ -319,3 +320,55 @@ class TestTheLedgerGivesHeld:
             inner.evict(turns[3])
             decision = guard.check([last], summarizer="s")
             assert decision.effect == "deny" and decision.dead_sources == (turns[3],)
+
+
+# -- a region's source set grown, not copied (`_Grown`) -------------------------------------
+
+
+class TestGrownSets:
+    """A rolling chain's region rests on its previous summary's set with the new turn added
+    (`_Grown`), made a frozenset only when read: it must hold exactly what the copy held."""
+
+    def test_versions_of_one_line_hold_what_they_were_made_with(self) -> None:
+        base = _Grown.of(frozenset({"a", "b"}))
+        one = base.plus({"c"})
+        two = one.plus({"d"})
+        again = one.plus({"d"})  # the same input resolved again: the next version's ids
+        other = one.plus({"e"})  # another summary of the same input: a line of its own
+        assert (set(base), set(one), set(two), set(again), set(other)) == (
+            {"a", "b"}, {"a", "b", "c"}, {"a", "b", "c", "d"}, {"a", "b", "c", "d"},
+            {"a", "b", "c", "e"},
+        )  # fmt: skip
+        assert "d" not in one and "e" not in two and "d" not in other
+        assert [len(g) for g in (base, one, two, again, other)] == [2, 3, 4, 4, 4]
+        assert one.plus({"a", "c"}) is one and two.plus(()) is two
+        assert one - {"a"} == frozenset({"b", "c"}) and type(one - {"a"}) is frozenset
+
+    @given(
+        steps=st.lists(
+            st.tuples(st.integers(0, 5), st.frozensets(st.sampled_from("abcdefgh"))),
+            max_size=25,
+        )
+    )
+    def test_any_versions_against_frozensets(self, steps: list[tuple[int, frozenset[str]]]) -> None:
+        """Versions grown from any earlier one hold what the frozenset union holds."""
+        versions: list[tuple[_Grown, frozenset[str]]] = [
+            (_Grown.of(frozenset("a")), frozenset("a"))
+        ]
+        for back, ids in steps:
+            grown, plain = versions[-1 - back % len(versions)]
+            versions.append((grown.plus(ids), plain | ids))
+        for grown, plain in versions:
+            assert len(grown) == len(plain) and set(grown) == plain
+            assert all(i in grown for i in plain) and not any(i in grown for i in "xyz")
+
+    @pytest.mark.parametrize("kind", ["memory", "sqlite"])
+    @PROPERTY
+    @given(ops=OPS, max_texts=st.sampled_from([3, 65_536]), other=st.sampled_from([2, 65_536]))
+    def test_rolling_chains_with_grown_sets_against_the_oracle(
+        self, kind: str, ops: list[tuple[str, Any]], max_texts: int, other: int, tmp_path: Path
+    ) -> None:
+        """tests/test_rolling.py's oracle, with every region of 2 sources or more grown."""
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(_provenance, "_GROWN_FROM", 2)
+            run_chains(kind, ops, max_texts, other, tmp_path)
