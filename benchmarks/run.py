@@ -1278,13 +1278,13 @@ def bench_loop(report: Report, engine: Mapping[str, float], quick: bool) -> None
          "MemoryStore CPU median µs (50 calls up to k)", "MemoryStore CPU vs k = 10"],
         rows,
         f"Each pass summarizes [previous summary, new turn]: the region rests on k sources. "
-        f"Liveness is not O(k): the store is given the previous summary's closure as held at "
-        f"the last pass (`Held`) and reads only the rows written since and the new turn. What "
-        f"is still O(k) per pass, in C: the region's source set made anew (a union of the "
-        f"previous summary's k sources and the new turn), the set two passes old freed, the "
-        f"cyclic GC visiting the young sets at each young collection, and, past 1,000 "
-        f"sources, the policy set's cost-bound check (`PolicySet.decide`). The MemoryStore "
-        f"columns: the same chain in a guard over MemoryStore, after it. SQLite file "
+        f"Nothing k-sized is made or checked per pass: the region's set is the previous "
+        f"summary's with the turn added (`_Grown`, made a frozenset only when read), and the "
+        f"store is given that closure as held at the last pass (`Held`), so it reads only the "
+        f"rows written since and the new turn. What grows with k: past 1,000 sources the "
+        f"policy set's cost-bound check (`PolicySet.decide`), and the store's own size (SQLite "
+        f"B-trees). The MemoryStore columns: the same chain in a guard over MemoryStore, after "
+        f"it. SQLite file "
         f"after {length:,} passes: {size / 1e6:.1f} MB (summaries stored normalised: one "
         f"parent link each).",
     )  # fmt: skip
