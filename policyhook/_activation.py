@@ -16,7 +16,7 @@ from typing import Any
 
 from policyhook import _celcheck
 from policyhook._hints import did_you_mean
-from policyhook._provenance import Region
+from policyhook._provenance import Region, sources_of
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ class Activation(Mapping[str, Mapping[str, Any]]):
         *(f"{variable}_{f.name}" for variable, fields in SCHEMA.items() for f in fields
           if (variable, f.name) not in LISTS),
         *(f"region_{name}_size" for _, name in sorted(LISTS)),
-        "dead", "_live", "source_set", "kind_set", "problem", "longest",
+        "dead", "_live", "_region", "kind_set", "problem", "longest",
         "_sorted", "_views",
     )  # fmt: skip
 
@@ -138,16 +138,17 @@ class Activation(Mapping[str, Mapping[str, Any]]):
         lossless: Any,
         idempotent: Any,
     ) -> None:
-        sources = self.source_set = region.sources
+        self._region = region  # its sources made into a set only when read (`source_set`)
         kinds = self.kind_set = region.source_kinds
         self.dead = dead
-        self._live: frozenset[str] | None = None if dead else sources
+        # all live: the region's own set, when it has one made (else made when read)
+        self._live: frozenset[str] | None = None if dead else region.__dict__.get("sources")
         region_id = self.region_id = region.id
         depth = self.region_depth = region.depth
         chars = self.region_chars = region.chars
         self.region_kind = "original" if depth == 0 else "summary"  # `Region.kind`
         self.region_tokens = tokens
-        count = self.region_sources_size = len(sources)
+        count = self.region_sources_size = len(sources_of(region))
         gone = self.region_dead_sources_size = len(dead)
         self.region_live_sources_size = count - gone
         self.region_source_kinds_size = len(kinds)
@@ -188,10 +189,15 @@ class Activation(Mapping[str, Mapping[str, Any]]):
         return made
 
     @property
+    def source_set(self) -> frozenset[str]:
+        """The region's sources, as a set (a rolling chain's k ids: made when first read)."""
+        return self._region.sources
+
+    @property
     def live_set(self) -> frozenset[str]:
         """The live sources, as a set (made when first read: a difference of k ids)."""
         if self._live is None:
-            self._live = self.source_set - self.dead
+            self._live = self.source_set - self.dead if self.dead else self.source_set
         return self._live
 
     @property

@@ -39,7 +39,7 @@ from policyhook._cel import Backend
 from policyhook._errors import UnsafeRecompactionError
 from policyhook._loader import load_default
 from policyhook._policy import Decision, Effect, Mode, PolicySet
-from policyhook._provenance import Ledger, Region, Resolution, Source, text_id
+from policyhook._provenance import Ledger, Region, Resolution, Source, sources_of, text_id
 from policyhook._reload import PolicyWatcher
 from policyhook._telemetry import MeterProvider, Span, Telemetry, TracerProvider
 from policyhook.decisionlog import DecisionLog, Outcome
@@ -835,15 +835,16 @@ class Guard:
         region = resolution.region
         depth = self._window_depth(req.window, span)
         live = resolution.live  # read with the provenance, the usual case
+        sources = sources_of(region)  # (a rolling chain's k ids: not made into a set)
         if depth is None:  # the store is unreachable: every source dead
             live = frozenset()
-        elif live is None or not region.sources:
+        elif live is None or not sources:
             live = self._live(resolution, span)
         # `schema.build`'s activation, made directly (its keywords cost a tenth of the call's
         # own code): a Request's budget_pressure is a float already, as build would make it
         activation = schema.Activation(
             region,
-            schema.dead_of(region.sources, live),
+            frozenset() if live is sources else schema.dead_of(region.sources, live),
             region.chars // 4 if self.count_tokens is None else self._tokens(value),
             req.trigger or "automatic",
             req.budget_pressure,

@@ -8,13 +8,16 @@ embedded, and everything else counts as original content that no store holds yet
 from __future__ import annotations
 
 import hashlib
+import inspect
+import itertools
 import logging
 import operator
 import re
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
@@ -326,6 +329,122 @@ class Region:
         )
 
 
+#: A region resting on at least this many sources gets them as a `_Grown` set (made whole only
+#: when read); a smaller one as a frozenset, as always.
+_GROWN_FROM = 256
+
+
+class _Grown(AbstractSet[str]):
+    """A region's source set as a rolling chain grows it: a frozenset `base` and the ids added
+    to it since, made a frozenset only when something reads it whole (`Region.sources`).
+
+    Why: the k-th pass of a rolling chain rests on its previous summary's k - 1 sources and
+    one new turn. As frozensets, each pass made a new k-sized set (a copy), freed the one of
+    two passes before, and every young GC collection visited the new ones id by id: a third
+    of the pass at k = 3,000. Here a pass adds one id. The versions of one line share one dict
+    of the ids added (in order, each with its place), each version holding a prefix of it, so
+    adding to the newest version is one insert and every version answers `in` and `len` in
+    O(1); adding to an older one (two summaries of one input) starts a line of its own, from
+    that version made whole. The dict (str keys, int values) is never tracked by the GC.
+    Immutable to its readers: a version never changes what it holds."""
+
+    __slots__ = ("_added", "_base", "_made", "_size")
+
+    def __init__(self, base: frozenset[str], added: dict[str, int], size: int) -> None:
+        self._base, self._added, self._size = base, added, size
+        self._made: frozenset[str] | None = None if size else base
+
+    @classmethod
+    def of(cls, sources: AbstractSet[str]) -> _Grown:
+        return sources if isinstance(sources, _Grown) else cls(frozenset(sources), {}, 0)
+
+    @classmethod
+    def _from_iterable(cls, it: Iterable[Any]) -> AbstractSet[Any]:
+        return frozenset(it)  # what `-`, `&`, `|` of the `Set` mixins give: a frozenset
+
+    def __len__(self) -> int:
+        return len(self._base) + self._size
+
+    def __contains__(self, item: object) -> bool:
+        return item in self._base or self._added.get(item, self._size) < self._size  # type: ignore[call-overload]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.frozen())
+
+    def __hash__(self) -> int:
+        return hash(self.frozen())
+
+    def frozen(self) -> frozenset[str]:
+        """The ids as a frozenset, made once (k ids: only when something reads them all)."""
+        made = self._made
+        if made is None:  # (one C call: no thread adds to the line meanwhile)
+            made = self._made = self._base.union(itertools.islice(self._added, self._size))
+        return made
+
+    def plus(self, ids: Iterable[str]) -> _Grown:
+        """This set with `ids` added: itself if it holds them all."""
+        added, size, base = self._added, self._size, self._base
+        if size != len(added):  # not the newest of its line
+            fresh = {i for i in ids if i not in self}
+            if not fresh:
+                return self
+            places = sorted(added.get(i, -1) for i in fresh)
+            if places == list(range(size, size + len(fresh))):  # what the next version added
+                return _Grown(base, added, size + len(fresh))  # (the same input resolved again)
+            return _Grown(self.frozen(), {}, 0).plus(fresh)  # else a line of its own
+        for i in ids:
+            if i not in base and i not in added:
+                added[i] = len(added)
+        return self if len(added) == size else _Grown(base, added, len(added))
+
+
+def sources_of(region: Region) -> AbstractSet[str]:
+    """`region.sources` as the region holds them: a `_Grown` set is not made whole (its `len`
+    and `in` are O(1)); what the guard reads on its hot path, and gives the stores."""
+    grown = region.__dict__.get("_grown")
+    return region.sources if grown is None else grown
+
+
+class _LazySources:
+    """`Region.sources` of a region made with a `_Grown` set (`_grown`): the frozenset made
+    from it when first read, and kept. A region made any other way holds its frozenset in its
+    own `sources`, which comes first."""
+
+    def __get__(self, region: Region | None, owner: type) -> frozenset[str]:
+        if region is None:
+            return frozenset()  # (the field's default)
+        made: frozenset[str] = region.__dict__["_grown"].frozen()
+        region.__dict__["sources"] = made
+        return made
+
+
+Region.sources = _LazySources()  # type: ignore[assignment]
+
+
+def _region_of(
+    region_id: str,
+    depth: int,
+    sources: AbstractSet[str],
+    kinds: frozenset[str],
+    chars: int,
+    text: str | None,
+) -> Region:
+    """`Region(...)` without its `__init__` (`_made`), resting on `sources`: a `_Grown` set
+    kept as it is (`Region.sources` makes it whole when read), in the place of the field."""
+    grown = isinstance(sources, _Grown)
+    return _made(
+        Region,
+        {
+            "id": region_id,
+            "depth": depth,
+            "_grown" if grown else "sources": sources,
+            "source_kinds": kinds,
+            "chars": chars,
+            "text": text,
+        },
+    )
+
+
 @dataclass(frozen=True)
 class Resolution:
     """What a call's input is made of: the merged region, and the unrecognised content in it."""
@@ -338,11 +457,13 @@ class Resolution:
     live: frozenset[str] | None = None
     #: Why the store could not be read (the region was resolved from what is cached: fail closed).
     failure: Exception | None = field(default=None, compare=False)
+    #: What the ledger already knows of the region's liveness, for the view (`Held`).
+    held: Held | None = field(default=None, compare=False, repr=False)
 
 
 #: One part of an input as the ledger resolves it: (id, depth, sources, source kinds, chars),
 #: the fields of the `Region` it stands for (plain tuples: an input has many, built per call).
-_Part = tuple[str, int, frozenset[str], frozenset[str], int]
+_Part = tuple[str, int, AbstractSet[str], frozenset[str], int]
 #: A part's sources and source kinds, read in C (`map`), not by a comprehension's own frame.
 _SOURCES_OF, _KINDS_OF = operator.itemgetter(2), operator.itemgetter(3)
 
@@ -383,12 +504,33 @@ class View:
     #: Held now, of: the ids asked, every source in `rests_on`, every source among `entries`.
     live: frozenset[str]
     depth: int | None = None  # the window's deepest summary (None: no window asked)
+    #: Where in the store's history `live` was read (opaque; None: the store does not say):
+    #: every id in `live` was held there. Handed back as `Held.as_of`, it lets the store
+    #: check only what changed since instead of every id again (`Store.view`'s `held`).
+    as_of: object | None = field(default=None, compare=False)
 
     def asked(self, source_ids: Collection[str]) -> set[str]:
         """The ids whose liveness this view answers, when `source_ids` were asked."""
         out = set(source_ids).union(*self.rests_on.values())
         out.update(e.id for e in self.entries.values() if e.depth == 0)
         return out
+
+
+@dataclass(frozen=True)
+class Held:
+    """What the ledger already knows of a decision's sources, for `Store.view` (`held`): the
+    ids of `ids` were all held as of `as_of` (a `View.as_of` of this store), and the sources
+    asked are `ids` and `rest`. A rolling chain's k-th pass rests on its previous summary's
+    closure (k - 1 ids, all held at the last pass) and one new turn: the store then checks
+    what died since `as_of` and the one turn, not the k ids again.
+
+    A store that cannot tell exactly what changed since `as_of` (not its own token, a log
+    that no longer reaches back, an expiry it cannot rule out) checks every id, as without
+    it."""
+
+    ids: Collection[str]
+    as_of: object
+    rest: frozenset[str]
 
 
 @runtime_checkable
@@ -464,13 +606,33 @@ class Store(Protocol):
         """A decision's reads in one round trip (one statement, one script): `since(cursor,
         limit)`, `lookup(digests)` with `rests_on` of the summaries found, which of
         `source_ids` and of those summaries' and found sources' ids are held, and `window`'s
-        depth. Atomic where the store can make it so; never staler than the calls it replaces."""
+        depth. Atomic where the store can make it so; never staler than the calls it replaces.
+
+        Optional: a store may return `View.as_of` and take a keyword-only `held: Held | None`
+        (what the ledger knows: `source_ids` are `held.ids` and `held.rest`, and `held.ids`
+        were all held as of `held.as_of`), to answer from what changed since. The ledger
+        passes `held` only to a store whose `view` accepts it and that gave an `as_of`;
+        without either, every id is checked (MemoryStore and SQLiteStore offer it)."""
 
     def sources(self, limit: int) -> list[tuple[Source, str]]:
         """The most recently put sources still held (for inspection and adapters' tests)."""
 
     def summaries(self, window: str, limit: int) -> list[tuple[Region, str]]:
         """The most recent summaries of `window` still held, oldest first, with provenance."""
+
+
+def _takes_held(store: Store) -> bool:
+    """Whether `store.view` takes the optional `held` keyword (or any keyword: a wrapper
+    passing its arguments on). A store implementing the protocol without it is never given
+    it, whatever its views say: it checks every id, as before."""
+    try:
+        parameters = inspect.signature(store.view).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: not given it
+        return False
+    return any(
+        p.kind == p.VAR_KEYWORD or (p.name == "held" and p.kind == p.KEYWORD_ONLY)
+        for p in parameters
+    )
 
 
 class Ledger:
@@ -514,6 +676,11 @@ class Ledger:
         # Source sets of recently recorded or resolved summaries: a rolling chain's next pass
         # reuses its parent's instead of walking the chain.
         self._closures = _Closures()
+        # The last region whose sources the store found all held, and where (`View.as_of`):
+        # (region id, its source set, as_of). A summary recorded of it keeps that with its
+        # closure (`_Closures.as_of`). One, not a map: each holds a k-sized set alive.
+        self._all_held: tuple[str, AbstractSet[str], object] | None = None
+        self._takes_held = _takes_held(store)  # whether `store.view` takes `held`
         self._region_ids: dict[str, str] = {}  # joined digests of recent inputs -> region id
         # Recent messages and recorded texts -> their digests (`_message_digests`).
         self._hashed: dict[str, tuple[str, str | None]] = {}
@@ -722,19 +889,10 @@ class Ledger:
         data = encode(text)
         key = self._message_digests(text, data)[0]
         region_id, depth = f"s:{key[:16]}", summarized.depth + 1
-        region = _made(
-            Region,
-            {
-                "id": region_id,
-                "depth": depth,
-                "sources": summarized.sources,
-                "source_kinds": summarized.source_kinds,
-                "chars": len(text),
-                "text": text,
-            },
-        )
+        sources = sources_of(summarized)  # (a `_Grown` set is not made whole)
+        region = _region_of(region_id, depth, sources, summarized.source_kinds, len(text), text)
         with self._lock:
-            parents, direct = self._made_of.get(summarized.id, ((), summarized.sources))
+            parents, direct = self._made_of.get(summarized.id, ((), sources))
         entry = _made(
             Entry,
             {
@@ -775,7 +933,13 @@ class Ledger:
                         self._closures.pop(entry.id)
                 else:  # recorded as built: it rests on exactly what it summarized
                     anchored = self._closures.anchored(entry.parents)
-                    self._closures.put(entry.id, region.sources, entry.parents, anchored=anchored)
+                    held = self._all_held
+                    as_of = None
+                    if held is not None and held[0] == summarized.id and held[1] is sources:
+                        as_of = held[2]
+                    self._closures.put(
+                        entry.id, sources, entry.parents, anchored=anchored, as_of=as_of
+                    )
                 if window in self._windows:
                     self._windows[window] = max(self._windows[window], region.depth)
         return region
@@ -814,7 +978,12 @@ class Ledger:
             first = self._reading(_Deferred(self.store, asked), items)
             cursor, depth_of = self._cursor, None if window in self._windows else window
         try:  # the round trip, outside the lock: other threads decide meanwhile
-            view = self.store.view(cursor, 1024, asked, first.region.sources, depth_of)
+            held = first.held
+            if held is not None and self._takes_held:  # (optional: not in the protocol's)
+                viewing: Any = self.store.view  # given a `_Grown` set as it is
+                view = viewing(cursor, 1024, asked, sources_of(first.region), depth_of, held=held)
+            else:
+                view = self.store.view(cursor, 1024, asked, first.region.sources, depth_of)
         except Exception as exc:  # fail closed, from what is cached, asking nothing more
             with self._lock:
                 return replace(self._reading(_Failing(exc), items), failure=exc)
@@ -848,6 +1017,10 @@ class Ledger:
             # exactly the region's sources: no intersection to take (O(k) on a long chain).
             # `first` was made for this call and no one else holds it: completed in place.
             first.__dict__["live"] = view.live
+            asked_ids = sources_of(first.region)
+            if view.as_of is not None and len(view.live) == len(asked_ids):
+                # Every source held (the view answered exactly them): a summary of it keeps that
+                self._all_held = (first.region.id, asked_ids, view.as_of)
             return first
         if len(view.since) >= 1024:  # far behind: catch up the usual way, then resolve
             found = self._resolve(items)
@@ -905,7 +1078,7 @@ class Ledger:
             encoded.append(data)
         parts: list[_Part] = []
         unregistered: list[tuple[str, str]] = []
-        closures: dict[str, frozenset[str]] = {}
+        closures: dict[str, AbstractSet[str]] = {}
         failure: Exception | None = None
         known: dict[str, Entry] = {}
         try:
@@ -962,18 +1135,34 @@ class Ledger:
         cached = self._summaries
         summaries: dict[str, None] = {}  # the summaries the input is made of, in order
         parents: set[str] = set()  # those of them cached: the region rests on them by id
-        direct: list[frozenset[str]] = []  # the sources of every other part
+        direct: list[AbstractSet[str]] = []  # the sources of every other part
         depth = chars = 0
-        for part_id, part_depth, sources, _, part_chars in parts:
+        # The largest closure of a summary part found all held (`Held`): its part and as_of.
+        held_at, held_as_of, held_size = -1, None, -1
+        for at, (part_id, part_depth, sources, _, part_chars) in enumerate(parts):
             chars += part_chars
             if part_depth > 0:
                 if part_depth > depth:
                     depth = part_depth
                 summaries[part_id] = None
+                as_of = self._closures.as_of(part_id, sources)
+                if as_of is not None and len(sources) > held_size:
+                    held_at, held_as_of, held_size = at, as_of, len(sources)
                 if part_id in cached:
                     parents.add(part_id)
                     continue
             direct.append(sources)
+        held: Held | None = None
+        if held_at >= 0 and failure is None:  # the other parts' sources are checked in full
+            rest = [p[2] for at, p in enumerate(parts) if at != held_at]
+            held = _made(
+                Held,
+                {
+                    "ids": parts[held_at][2],
+                    "as_of": held_as_of,
+                    "rest": frozenset().union(*rest) if rest else frozenset(),
+                },
+            )
         made_of = self._made_of
         made_of[region_id] = (tuple(sorted(parents)), frozenset().union(*direct))
         made_of.move_to_end(region_id)
@@ -982,19 +1171,15 @@ class Ledger:
         if len(parts) == 1:  # the common case: one message (its sets are shared, not copied)
             sources, kinds = parts[0][2], parts[0][3]
         else:  # the region made of its parts side by side (`Region.merge`)
-            sources = frozenset().union(*map(_SOURCES_OF, parts))
+            largest = max(map(len, map(_SOURCES_OF, parts)), default=0)
+            if largest >= _GROWN_FROM:  # a chain's closure and a turn: the turn added to it
+                at = next(at for at, p in enumerate(parts) if len(p[2]) == largest)
+                rest = [p[2] for i, p in enumerate(parts) if i != at]
+                sources = _Grown.of(parts[at][2]).plus(frozenset().union(*rest))
+            else:
+                sources = frozenset().union(*map(_SOURCES_OF, parts))
             kinds = frozenset().union(*map(_KINDS_OF, parts))
-        region = _made(
-            Region,
-            {
-                "id": region_id,
-                "depth": depth,
-                "sources": sources,
-                "source_kinds": kinds,
-                "chars": chars,
-                "text": None,
-            },
-        )
+        region = _region_of(region_id, depth, sources, kinds, chars, None)
         return _made(
             Resolution,
             {
@@ -1003,6 +1188,7 @@ class Ledger:
                 "summaries": tuple(summaries),
                 "live": None,
                 "failure": failure,
+                "held": held,
             },
         )
 
@@ -1013,7 +1199,7 @@ class Ledger:
         key: str,
         parts: list[_Part],
         unregistered: list[tuple[str, str]],
-        closures: dict[str, frozenset[str]],
+        closures: dict[str, AbstractSet[str]],
     ) -> None:
         """The known texts inside one message and the unrecognised gaps between them.
 
@@ -1229,7 +1415,7 @@ class Ledger:
                 found[key] = entry
         return found
 
-    def _region(self, entry: Entry, chars: int, closures: dict[str, frozenset[str]]) -> _Part:
+    def _region(self, entry: Entry, chars: int, closures: dict[str, AbstractSet[str]]) -> _Part:
         """The part of an input a known text is (as `Entry.region` would make it)."""
         if entry.depth == 0:  # a source's entry rests on itself alone
             return (entry.id, 0, frozenset((entry.id,)), frozenset((entry.kind,)), chars)
@@ -1238,7 +1424,7 @@ class Ledger:
             sources = closures[entry.id] = self._rests_on(entry)
         return (entry.id, entry.depth, sources, frozenset(entry.source_kinds), chars)
 
-    def _rests_on(self, entry: Entry) -> frozenset[str]:
+    def _rests_on(self, entry: Entry) -> AbstractSet[str]:
         """Every source a summary rests on: remembered from when it was recorded or last
         resolved, else walked in memory, else asked of the store if a parent is not cached."""
         known = self._closures.get(entry.id)
@@ -1421,13 +1607,18 @@ class _Closures:
     walks nothing, and nothing is copied on either hot path.
     """
 
-    __slots__ = ("_head", "_head_id", "_ids", "_older", "_parents", "_unanchored", "drops")
+    __slots__ = (
+        "_as_of", "_head", "_head_id", "_ids", "_older", "_parents", "_unanchored", "drops"
+    )  # fmt: skip
 
     def __init__(self) -> None:
+        # Where the store found every id of a closure held (`View.as_of`), by summary id: kept
+        # only with the closure it was found for (the newest's and its parents' frozensets).
+        self._as_of: dict[str, object] = {}
         self._head_id: str | None = None
-        self._head: frozenset[str] = frozenset()
+        self._head: AbstractSet[str] = frozenset()
         # The newest's parents whose closures were kept as given (see the class docstring).
-        self._parents: dict[str, frozenset[str]] = {}
+        self._parents: dict[str, AbstractSet[str]] = {}
         self._older: OrderedDict[str, dict[str, None]] = OrderedDict()  # LRU, untracked values
         self._ids = 0  # source ids the older closures hold in all (`_CLOSURE_IDS`)
         # Ids whose closure rests on summaries not all cached (`put` with `anchored` False).
@@ -1437,7 +1628,7 @@ class _Closures:
     def __len__(self) -> int:
         return len(self._older) + len(self._parents) + (self._head_id is not None)
 
-    def get(self, summary_id: str) -> frozenset[str] | None:
+    def get(self, summary_id: str) -> AbstractSet[str] | None:
         if summary_id == self._head_id:
             return self._head
         kept = self._parents.get(summary_id)
@@ -1449,12 +1640,22 @@ class _Closures:
         self._older.move_to_end(summary_id)
         return frozenset(older)
 
+    def as_of(self, summary_id: str, sources: AbstractSet[str]) -> object | None:
+        """Where the store found every id of `sources` held, if `sources` is the closure
+        kept for `summary_id` (the very set, so never one made otherwise) and that is known."""
+        as_of = self._as_of.get(summary_id)
+        if as_of is None:
+            return None
+        kept = self._head if summary_id == self._head_id else self._parents.get(summary_id)
+        return as_of if kept is sources else None
+
     def put(
         self,
         summary_id: str,
-        sources: frozenset[str],
+        sources: AbstractSet[str],
         parents: Collection[str] = (),
         anchored: bool = False,
+        as_of: object | None = None,
     ) -> None:
         """`sources` becomes the newest closure. `parents`: the summaries `summary_id` was just
         made from, when it was just recorded: their closures leave the older ones, the newest
@@ -1463,15 +1664,17 @@ class _Closures:
         summary it rests on was cached when it was made (walked in memory, or recorded on
         anchored parents), so any growth of one is seen (`Ledger._remember`); a closure the
         store gave is not, and goes when a summary new to the cache arrives
-        (`drop_unanchored`)."""
+        (`drop_unanchored`). `as_of`: where the store found every id of `sources` held
+        (`View.as_of`), kept while `sources` is the newest or a kept parent's."""
         head_id, kept = self._head_id, self._parents
         if parents:  # a record: what it was made from replaces the last record's parents
-            made_from: dict[str, frozenset[str]] = {}
+            made_from: dict[str, AbstractSet[str]] = {}
             for parent, closure in kept.items():
                 if parent in parents:
                     made_from[parent] = closure
                 else:
                     self._unanchored.discard(parent)
+                    self._as_of.pop(parent, None)
             for parent in parents:
                 if self._drop_older(parent):
                     self._unanchored.discard(parent)
@@ -1483,10 +1686,15 @@ class _Closures:
                 self._drop_older(head_id)
                 self._older[head_id] = dict.fromkeys(self._head)
                 self._ids += len(self._head)
+                self._as_of.pop(head_id, None)
         if kept:
             kept.pop(summary_id, None)
         self._drop_older(summary_id)
         self._head_id, self._head = summary_id, sources
+        if as_of is None:
+            self._as_of.pop(summary_id, None)
+        else:
+            self._as_of[summary_id] = as_of
         if anchored:
             self._unanchored.discard(summary_id)
         else:
@@ -1521,6 +1729,7 @@ class _Closures:
                 self._head_id, self._head = None, frozenset()
             self._parents.pop(summary_id, None)
             self._drop_older(summary_id)
+            self._as_of.pop(summary_id, None)
         self._unanchored.clear()
 
     def pop(self, summary_id: str) -> None:
@@ -1529,6 +1738,7 @@ class _Closures:
         self._parents.pop(summary_id, None)
         self._drop_older(summary_id)
         self._unanchored.discard(summary_id)
+        self._as_of.pop(summary_id, None)
 
     def clear(self) -> None:
         if self._head_id is not None or self._parents or self._older:
@@ -1538,6 +1748,7 @@ class _Closures:
         self._older.clear()
         self._ids = 0
         self._unanchored.clear()
+        self._as_of.clear()
 
 
 class _Deferred:

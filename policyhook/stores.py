@@ -29,6 +29,7 @@ from policyhook._provenance import (
     UNREGISTERED,
     Entry,
     FactRecord,
+    Held,
     Region,
     Source,
     SourceIdConflictError,
@@ -46,6 +47,10 @@ __all__ = ["MemoryStore", "SQLiteStore", "State", "Store", "open_store"]
 
 #: The reads `MemoryStore.view` is made of; a subclass or instance overriding one is heard.
 _VIEW_PARTS = frozenset({"since", "lookup", "rests_on", "live", "window_depth"})
+#: Deaths (evictions, expiries, capacity) a MemoryStore keeps in order, for a view given what
+#: was held as of an earlier one (`Held`): past twice this many the older half goes, and a
+#: `Held.as_of` from before what is kept is answered by checking every id.
+_DEATHS = 4_096
 
 
 def _names_only(source: Source, text_digest: str) -> bool:
@@ -131,6 +136,11 @@ class MemoryStore:
         self._log_seqs = array("q")
         self._log_digests: list[str] = []
         self._depths: dict[str, int] = {}
+        # Every id that stopped being held (`_bury`), in order: `_deaths[i]` is death number
+        # `_dead_before + i`. A view's `as_of` is (this store's token, the deaths so far).
+        self._deaths: list[str] = []
+        self._dead_before = 0
+        self._token = object()
         _fork.register(self, MemoryStore._after_fork)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -170,9 +180,14 @@ class MemoryStore:
             self._log_digests = [self._log_digests[i] for i in keep]
 
     def _bury(self, source_id: str, state: State) -> None:
-        """Leave a tombstone; past `max_tombstones`, forget the oldest with its entries."""
+        """Leave a tombstone; past `max_tombstones`, forget the oldest with its entries. The
+        one place an id stops being held: logged for views given `Held` (`_died_since`)."""
         self._dead[source_id] = state
         self._dead.move_to_end(source_id)
+        self._deaths.append(source_id)
+        if len(self._deaths) > 2 * _DEATHS:
+            del self._deaths[:_DEATHS]
+            self._dead_before += _DEATHS
         while self.max_tombstones is not None and len(self._dead) > self.max_tombstones:
             forgotten, _ = self._dead.popitem(last=False)
             self._retired[forgotten] = self._named.pop(forgotten)
@@ -361,6 +376,17 @@ class MemoryStore:
                 out.append((entry, self._texts.get(d)))
         return cursor, out
 
+    def _died_since(self, held: Held) -> list[str] | None:
+        """The ids that stopped being held since `held.as_of` (some may be held again), or
+        None when this store cannot tell: not its token, or deaths since then forgotten."""
+        as_of = held.as_of
+        if type(as_of) is not tuple or len(as_of) != 2 or as_of[0] is not self._token:
+            return None
+        at = as_of[1] - self._dead_before
+        if at < 0:  # the log no longer reaches back to it
+            return None
+        return self._deaths[at:]
+
     def view(
         self,
         cursor: int,
@@ -368,10 +394,14 @@ class MemoryStore:
         digests: Collection[str],
         source_ids: Collection[str],
         window: str | None = None,
+        *,
+        held: Held | None = None,
     ) -> View:
         """In process: one lock, one pass. A subclass (or an instance) overriding one of the
         reads it is made of (`since`, `lookup`, `rests_on`, `live`, `window_depth`: a test's
-        faulty store) is still heard: the view is then made of those calls."""
+        faulty store) is still heard: the view is then made of those calls (and says no
+        `as_of`). Given `held`, what died since `held.as_of` is looked up in `held.ids`, and
+        `held.rest` is checked: a rolling chain's k ids are not looked up again."""
         if type(self)._heard or not _VIEW_PARTS.isdisjoint(self.__dict__):
             cursor, items = self.since(cursor, limit)
             entries = self.lookup(digests)
@@ -393,13 +423,18 @@ class MemoryStore:
                 if entries
                 else {}
             )
-            held = self._held
-            asked: Collection[str] = source_ids
-            if entries:
-                asked = set(source_ids).union(*rests_on.values())
-                asked.update(e.id for e in entries.values() if e.depth == 0)
-            live = _held(held, asked)  # (expired ones were dropped by `_since`)
+            holding = self._held
+            died = None
+            if held is not None and not entries and (died := self._died_since(held)) is not None:
+                live = _held_since(holding, source_ids, held, died)  # (expired: among `died`)
+            else:
+                asked: Collection[str] = source_ids
+                if entries:
+                    asked = set(source_ids).union(*rests_on.values())
+                    asked.update(e.id for e in entries.values() if e.depth == 0)
+                live = _held(holding, asked)  # (expired ones were dropped by `_since`)
             depth = None if window is None else self._depths.get(window, 0)
+            as_of = (self._token, self._dead_before + len(self._deaths))
         return _made(  # `View(...)`, without the frozen dataclass's `__setattr__` per field
             View,
             {
@@ -409,6 +444,7 @@ class MemoryStore:
                 "rests_on": rests_on,
                 "live": live,
                 "depth": depth,
+                "as_of": as_of,
             },
         )
 
@@ -436,6 +472,20 @@ def _held(held: dict[str, Any], ids: Collection[str]) -> frozenset[str]:
     if isinstance(ids, frozenset) and held.keys() >= ids:  # k lookups, nothing allocated
         return ids
     return frozenset(held.keys() & ids)
+
+
+def _held_since(
+    held: dict[str, Any], ids: Collection[str], known: Held, died: Sequence[str]
+) -> frozenset[str]:
+    """Those of `ids` (`known.ids` and `known.rest`) that are keys of `held`, when every one
+    of `known.ids` was held as of `known.as_of` and `died` stopped being held since: those
+    of them among `known.ids`, and `known.rest`, are looked up; the other ids of
+    `known.ids` are held still. `ids` itself when all are (as `_held`)."""
+    dead = {i for i in died if i in known.ids and i not in held}
+    dead.update(i for i in known.rest if i not in held)
+    if not dead:  # (a region's set, as the ledger gave it: a frozenset, or one not made yet)
+        return ids if isinstance(ids, AbstractSet) else frozenset(ids)  # type: ignore[return-value]
+    return frozenset(ids).difference(dead)
 
 
 class _Liveness:
@@ -483,6 +533,16 @@ class _Liveness:
         if self.until:
             for i in ids:
                 self.until.pop(i, None)
+
+    def earliest(self, ids: AbstractSet[str]) -> float:
+        """The earliest time any of `ids` (all cached and held) stops being held: `_FOREVER`
+        when none is held until a time (at once when no id is)."""
+        until = self.until
+        if not until:
+            return _FOREVER
+        if len(until) <= len(ids):
+            return min((t for i, t in until.items() if i in ids), default=_FOREVER)
+        return min((until[i] for i in ids if i in until), default=_FOREVER)
 
     def missing(self, ids: frozenset[str]) -> list[str]:
         """Those of `ids` not cached: one C pass over `ids` (a difference: `ids <= known`
@@ -704,6 +764,8 @@ class SQLiteStore:
         # other connection commits; this connection's own writes update it.
         self._expiry = _Liveness()
         self._changes = 0  # the highest `sources.change` the cache is in step with (`_caught_up`)
+        # What this handle's `View.as_of` starts with: (token, change number, earliest expiry)
+        self._token = object()
         self._db = self._connect()
         with self._lock:
             _wal(self._db)
@@ -769,6 +831,7 @@ class SQLiteStore:
         # data_version counts per connection: the new one's could equal the cached one's while
         # another process evicted meanwhile, so the liveness cache starts over (fail closed).
         self._expiry.clear()
+        self._token = object()  # (the parent's views' `as_of` are not taken here)
         self._db = self._connect()
         self._db.execute("PRAGMA synchronous=NORMAL")
 
@@ -968,7 +1031,7 @@ class SQLiteStore:
             self._caught_up(rows, ids, missing)
             return cache.held(ids, now)
 
-    def _caught_up(self, rows: list[Any], ids: AbstractSet[str], missing: list[str]) -> None:
+    def _caught_up(self, rows: list[Any], ids: AbstractSet[str], missing: list[str]) -> bool:
         """Bring the liveness cache up to a statement's snapshot (`_CHANGED`, `_LIVE`,
         `_VIEW`): its `x` rows are the source rows written since change `_changes` (by any
         connection, in change order), and each cached id among them takes its state there;
@@ -978,8 +1041,9 @@ class SQLiteStore:
         since the cache last looked, so what the cache holds for it stands. At
         `_CHANGES_MAX` of them there may be more: the cache is dropped, and `ids` with the
         rest asked are read again, with the highest change, in one statement of their own
-        (`_ASK`: the same snapshot, so the cache is in step with it). Afterwards every one
-        of `ids` and `missing` is cached (what `_Liveness.held` needs)."""
+        (`_ASK`: the same snapshot, so the cache is in step with it), and False is returned
+        (the `x` rows were not all there were). Afterwards every one of `ids` and `missing`
+        is cached (what `_Liveness.held` needs)."""
         cache = self._expiry
         changed = 0
         known = cache.known
@@ -997,10 +1061,11 @@ class SQLiteStore:
                 held.append(r)
         if changed >= _CHANGES_MAX:
             self._ask({*ids, *missing, *(_text(r[3]) for r in held)})
-            return
+            return False
         cache.not_held(missing)  # not held, unless the statement said so
         for r in held:
             cache.set(_text(r[3]), _FOREVER if r[1] is None else r[1])
+        return True
 
     def _ask(self, ids: Collection[str]) -> None:
         """Drop the liveness cache and read `ids` into it afresh, with the highest change
@@ -1161,6 +1226,8 @@ class SQLiteStore:
         digests: Collection[str],
         source_ids: Collection[str],
         window: str | None = None,
+        *,
+        held: Held | None = None,
     ) -> View:
         """One statement: each part of the view is a tagged row of one compound SELECT.
 
@@ -1169,19 +1236,37 @@ class SQLiteStore:
         commit costs the rows it wrote, not a re-read of every id); the statement asks only
         the ids the cache lacks (so a rolling chain's k sources cost k dictionary reads, not a
         k-row join, per decision).
+
+        Given `held` (`held.ids` all held as of an earlier view's `as_of`: its change number
+        and the earliest expiry among them), the statement's scan starts at that change, so
+        its rows are every source row written since, by any connection: those of `held.ids`
+        among them are what may have died (nothing else of them was written, and nothing
+        expired before that earliest expiry), and `held.rest` is checked as usual. Not one
+        of the k ids is looked at otherwise. When the scan cannot reach back (more rows than
+        it reads at once), the earliest expiry is past, or `as_of` is not this handle's,
+        every id is checked.
         """
-        ids = source_ids if isinstance(source_ids, frozenset) else frozenset(source_ids)
         now = time.time()
         with self._lock:
             self._check_file()
             cache = self._expiry
             if len(cache) > _CACHE_MAX:
                 cache.clear()
-            # A rolling chain's k sources, all cached: one C pass, and when none is unheld the
-            # region's own set is the answer (nothing k-sized made; see `_Liveness`).
-            missing = cache.missing(ids)
+            seen = self._changes
+            known = None if held is None else self._known(held.as_of, now)
+            ids: Any = source_ids  # a frozenset, or (given `held`) the region's set as it is
+            if held is not None and known is not None and isinstance(ids, AbstractSet):
+                seen = min(seen, known[0])  # every row written since, for `_held_since`
+                missing = cache.missing(held.rest)
+            else:
+                known = None
+                if not isinstance(ids, frozenset):
+                    ids = frozenset(ids)
+                # A rolling chain's k sources, all cached: one C pass, and when none is unheld
+                # the region's own set is the answer (nothing k-sized made; see `_Liveness`).
+                missing = cache.missing(ids)
             params: dict[str, Any] = {
-                "seen": self._changes,
+                "seen": seen,
                 "cap": _CHANGES_MAX,
                 "cursor": cursor,
                 "limit": limit,
@@ -1196,13 +1281,18 @@ class SQLiteStore:
             since = [r for r in rows if r[0] == "s"]
             if since:
                 self._head = max(self._head, since[-1][1])
-            self._caught_up(rows, ids, missing)
-            live = cache.held(ids, now)
+            if self._caught_up(rows, ids, missing) and held is not None and known is not None:
+                live, until = self._held_since(rows, ids, held, known[1], now)
+            else:  # (after a capped scan `_caught_up` read every one of `ids` afresh)
+                live = cache.held(ids, now)
+                until = cache.earliest(live)
             # The sources of the entries found, besides `ids`: as the statement read them,
             # or (after `_ask`) as the cache now holds them.
-            found = {_text(r[3]) for r in rows if r[0] == "l"} - ids
+            found = {i for i in (_text(r[3]) for r in rows if r[0] == "l") if i not in ids}
             if found:
-                live = live.union(cache.held(frozenset(found), now))
+                live = frozenset(live).union(cache.held(frozenset(found), now))
+                until = min(until, cache.earliest(live))
+            as_of = (self._token, self._changes, until)
         entries = {e.digest: e for e in (_entry(r[2:12]) for r in rows if r[0] == "f")}
         rests_on: dict[str, set[str]] = {e.id: set() for e in entries.values() if e.depth > 0}
         for r in rows:
@@ -1219,7 +1309,44 @@ class SQLiteStore:
             rests_on={k: frozenset(v) for k, v in rests_on.items()},
             live=live,
             depth=depth,
+            as_of=as_of,
         )
+
+    def _known(self, as_of: object, now: float) -> tuple[int, float] | None:
+        """(change number, earliest expiry) of a `View.as_of` this handle gave, if it still
+        tells what may have died: not once that expiry is reached (an id not written since
+        may have expired). None otherwise: then every id is checked."""
+        if type(as_of) is not tuple or len(as_of) != 3 or as_of[0] is not self._token:
+            return None
+        _, change, until = as_of
+        return (change, until) if now < until else None
+
+    def _held_since(
+        self, rows: list[Any], ids: AbstractSet[str], held: Held, until: float, now: float
+    ) -> tuple[frozenset[str], float]:
+        """Those of `ids` held at `now`, and the earliest expiry among them, when every one
+        of `held.ids` was held at the change the statement's scan started from, none of them
+        expiring before `until`: the `x` rows (every source row written since) say which of
+        them died or were held again, and `held.rest` is read from the cache (`_caught_up`
+        cached every one of it)."""
+        dead: set[str] = set()
+        for r in rows:
+            if r[0] == "x":
+                source_id = _text(r[3])
+                if source_id in held.ids:
+                    expires = _FOREVER if r[4] is None else r[4]
+                    if r[2] != "live" or expires <= now:
+                        dead.add(source_id)
+                    elif expires < until:
+                        until = expires
+        if held.rest:
+            cache = self._expiry
+            rest = cache.held(held.rest, now)
+            dead.update(held.rest - rest)
+            until = min(until, cache.earliest(rest))
+        if not dead:  # (the region's set as given: nothing made)
+            return ids, until  # type: ignore[return-value]
+        return frozenset(i for i in ids if i not in dead), until
 
     def sources(self, limit: int) -> list[tuple[Source, str]]:
         with self._lock:

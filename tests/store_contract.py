@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policyhook import SourceIdConflictError
-from policyhook._provenance import Entry, Source, anchor_of, digest, encode
+from policyhook._provenance import Entry, Held, Source, _takes_held, anchor_of, digest, encode
 from policyhook.stores import Store
 
 MakeStore = Callable[..., Store]
@@ -519,6 +519,32 @@ class StoreContract:
         cursor, got = store.since(cursor, 100)
         assert [t for _, t in got] == ["written by the other process"]
         assert store.since(cursor, 100)[1] == []
+
+    def test_a_view_given_what_was_held_sees_every_death_since(
+        self, store: Store, reopen: Reopen
+    ) -> None:
+        """(Optional: for a store offering `View.as_of` and `held`.) A view given `Held`
+        from an all-held answer answers as the full check after another handle's eviction,
+        a revival and a put; a store without it is checked in full by the ledger."""
+        ids = [f"held-{i}" for i in range(6)]
+        for i in ids[:5]:
+            store.put_source(Source(i, "tool_output"), f"the held text {i}")
+        first = store.view(0, 100, [], frozenset(ids[:5]))
+        assert first.live == set(ids[:5])
+        if first.as_of is None or not _takes_held(store):
+            pytest.skip("this store does not offer `held` (the ledger checks every id)")
+        other = reopen(store)
+        other.evict("held-2")
+        other.evict("held-3")
+        other.put_source(Source("held-3", "tool_output"), "the held text held-3")
+        store.put_source(Source("held-5", "tool_output"), "the held text held-5")
+        held = Held(frozenset(ids[:5]), first.as_of, frozenset({"held-5"}))
+        viewing: Any = store.view
+        view = viewing(first.cursor, 100, [], frozenset(ids), held=held)
+        assert view.live == set(ids) - {"held-2"} == store.live(ids)
+        other.evict("held-4")
+        again = viewing(view.cursor, 100, [], frozenset(ids), held=held)
+        assert again.live == set(ids) - {"held-2", "held-4"} == store.live(ids)
 
     def test_another_handle_sees_eviction(self, store: Store, reopen: Reopen) -> None:
         """An eviction through one handle is a tombstone for every handle."""
