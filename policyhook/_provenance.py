@@ -332,6 +332,7 @@ class Region:
 #: A region resting on at least this many sources gets them as a `_Grown` set (made whole only
 #: when read); a smaller one as a frozenset, as always.
 _GROWN_FROM = 256
+_GROWING = threading.Lock()  # held while a `_Grown` line is added to
 
 
 class _Grown(AbstractSet[str]):
@@ -383,6 +384,13 @@ class _Grown(AbstractSet[str]):
 
     def plus(self, ids: Iterable[str]) -> _Grown:
         """This set with `ids` added: itself if it holds them all."""
+        # One ledger grows its lines under its lock, but a Region handed to another ledger
+        # (`record_summary`) shares its line: two inserts at one version would each give a
+        # version holding the other's id.
+        with _GROWING:
+            return self._plus(ids)
+
+    def _plus(self, ids: Iterable[str]) -> _Grown:
         added, size, base = self._added, self._size, self._base
         if size != len(added):  # not the newest of its line
             fresh = {i for i in ids if i not in self}
@@ -391,7 +399,7 @@ class _Grown(AbstractSet[str]):
             places = sorted(added.get(i, -1) for i in fresh)
             if places == list(range(size, size + len(fresh))):  # what the next version added
                 return _Grown(base, added, size + len(fresh))  # (the same input resolved again)
-            return _Grown(self.frozen(), {}, 0).plus(fresh)  # else a line of its own
+            return _Grown(self.frozen(), {}, 0)._plus(fresh)  # else a line of its own
         for i in ids:
             if i not in base and i not in added:
                 added[i] = len(added)

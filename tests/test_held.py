@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import sqlite3
 import tempfile
+import threading
 import time
 import types
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -361,6 +362,29 @@ class TestGrownSets:
         for grown, plain in versions:
             assert len(grown) == len(plain) and set(grown) == plain
             assert all(i in grown for i in plain) and not any(i in grown for i in "xyz")
+
+    def test_one_version_grown_by_two_threads_at_once(self) -> None:
+        """Two ledgers may grow one line (a Region handed from one to the other): each version
+        holds its own ids, never the other thread's. The first thread is held inside its
+        `plus` (its ids come from a generator that waits) while the second grows the same
+        version."""
+        start = _Grown.of(frozenset(f"s{i}" for i in range(300)))
+        second_done = threading.Event()
+        got: dict[str, _Grown] = {}
+
+        def first_ids() -> Iterator[str]:
+            threading.Thread(target=second).start()
+            second_done.wait(timeout=0.5)  # (with the lock, the second waits for the first)
+            yield from ("a0", "a1")
+
+        def second() -> None:
+            got["b"] = start.plus(["b0", "b1"])
+            second_done.set()
+
+        got["a"] = start.plus(first_ids())
+        assert second_done.wait(timeout=5)
+        assert set(got["a"]) == set(start) | {"a0", "a1"}
+        assert set(got["b"]) == set(start) | {"b0", "b1"}
 
     @pytest.mark.parametrize("kind", ["memory", "sqlite"])
     @PROPERTY
