@@ -333,6 +333,9 @@ class Region:
 #: when read); a smaller one as a frozenset, as always.
 _GROWN_FROM = 256
 _GROWING = threading.Lock()  # held while a `_Grown` line is added to
+#: A closure of at least this many sources found all held is handed to the store as `Held`
+#: on the next pass; a smaller one is checked in full (cheaper than the bookkeeping).
+_HELD_FROM = 256
 
 
 class _Grown(AbstractSet[str]):
@@ -357,7 +360,7 @@ class _Grown(AbstractSet[str]):
 
     @classmethod
     def of(cls, sources: AbstractSet[str]) -> _Grown:
-        return sources if isinstance(sources, _Grown) else cls(frozenset(sources), {}, 0)
+        return sources if type(sources) is _Grown else cls(frozenset(sources), {}, 0)
 
     @classmethod
     def _from_iterable(cls, it: Iterable[Any]) -> AbstractSet[Any]:
@@ -439,7 +442,7 @@ def _region_of(
 ) -> Region:
     """`Region(...)` without its `__init__` (`_made`), resting on `sources`: a `_Grown` set
     kept as it is (`Region.sources` makes it whole when read), in the place of the field."""
-    grown = isinstance(sources, _Grown)
+    grown = type(sources) is _Grown  # (not `isinstance`: an ABC's check runs in Python)
     return _made(
         Region,
         {
@@ -1026,7 +1029,8 @@ class Ledger:
             # `first` was made for this call and no one else holds it: completed in place.
             first.__dict__["live"] = view.live
             asked_ids = sources_of(first.region)
-            if view.as_of is not None and len(view.live) == len(asked_ids):
+            count = len(asked_ids)
+            if count >= _HELD_FROM and view.as_of is not None and len(view.live) == count:
                 # Every source held (the view answered exactly them): a summary of it keeps that
                 self._all_held = (first.region.id, asked_ids, view.as_of)
             return first
@@ -1153,9 +1157,11 @@ class Ledger:
                 if part_depth > depth:
                     depth = part_depth
                 summaries[part_id] = None
-                as_of = self._closures.as_of(part_id, sources)
-                if as_of is not None and len(sources) > held_size:
-                    held_at, held_as_of, held_size = at, as_of, len(sources)
+                size = len(sources)
+                if size >= _HELD_FROM and size > held_size:
+                    as_of = self._closures.as_of(part_id, sources)
+                    if as_of is not None:
+                        held_at, held_as_of, held_size = at, as_of, size
                 if part_id in cached:
                     parents.add(part_id)
                     continue

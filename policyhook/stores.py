@@ -36,6 +36,7 @@ from policyhook._provenance import (
     State,
     Store,
     View,
+    _Grown,
     _made,
     anchor_of,
     digest,
@@ -51,6 +52,9 @@ _VIEW_PARTS = frozenset({"since", "lookup", "rests_on", "live", "window_depth"})
 #: was held as of an earlier one (`Held`): past twice this many the older half goes, and a
 #: `Held.as_of` from before what is kept is answered by checking every id.
 _DEATHS = 4_096
+#: The set types the ledger gives a view (`type(x) in`: `_Grown` is an ABC, whose
+#: `isinstance` check runs in Python).
+_SETS = (frozenset, _Grown)
 
 
 def _names_only(source: Source, text_digest: str) -> bool:
@@ -484,7 +488,7 @@ def _held_since(
     dead = {i for i in died if i in known.ids and i not in held}
     dead.update(i for i in known.rest if i not in held)
     if not dead:  # (a region's set, as the ledger gave it: a frozenset, or one not made yet)
-        return ids if isinstance(ids, AbstractSet) else frozenset(ids)  # type: ignore[return-value]
+        return ids if type(ids) in _SETS else frozenset(ids)  # type: ignore[return-value]
     return frozenset(ids).difference(dead)
 
 
@@ -1255,7 +1259,7 @@ class SQLiteStore:
             seen = self._changes
             known = None if held is None else self._known(held.as_of, now)
             ids: Any = source_ids  # a frozenset, or (given `held`) the region's set as it is
-            if held is not None and known is not None and isinstance(ids, AbstractSet):
+            if held is not None and known is not None and type(ids) in _SETS:
                 seen = min(seen, known[0])  # every row written since, for `_held_since`
                 missing = cache.missing(held.rest)
             else:

@@ -31,6 +31,14 @@ from policyhook import stores as stores_module
 from policyhook._provenance import Held, Source, View, _Grown
 
 IDS = [f"src-{i}" for i in range(10)]
+
+
+@pytest.fixture(autouse=True)
+def _held_from_any_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ledger hands closures of 256+ sources to the store as `Held`; these chains are short."""
+    monkeypatch.setattr(_provenance, "_HELD_FROM", 1)
+
+
 TTL = 100.0
 
 
