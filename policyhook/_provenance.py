@@ -479,6 +479,11 @@ _Part = tuple[str, int, AbstractSet[str], frozenset[str], int]
 _SOURCES_OF, _KINDS_OF = operator.itemgetter(2), operator.itemgetter(3)
 
 
+def _sources_besides(parts: list[_Part], at: int) -> frozenset[str]:
+    """The sources of every part but the one at `at` (a chain's closure): what is added to it."""
+    return frozenset().union(*(p[2] for i, p in enumerate(parts) if i != at))
+
+
 def _known(parts: list[_Part], unregistered: list[tuple[str, str]]) -> list[_Part]:
     """Of the parts a Region's text resolved to, what the stores know (summaries, sources, and
     what could not be checked: fail closed), each with no size of its own: the Region declared
@@ -1168,13 +1173,12 @@ class Ledger:
             direct.append(sources)
         held: Held | None = None
         if held_at >= 0 and failure is None:  # the other parts' sources are checked in full
-            rest = [p[2] for at, p in enumerate(parts) if at != held_at]
             held = _made(
                 Held,
                 {
                     "ids": parts[held_at][2],
                     "as_of": held_as_of,
-                    "rest": frozenset().union(*rest) if rest else frozenset(),
+                    "rest": _sources_besides(parts, held_at),
                 },
             )
         made_of = self._made_of
@@ -1188,8 +1192,7 @@ class Ledger:
             largest = max(map(len, map(_SOURCES_OF, parts)), default=0)
             if largest >= _GROWN_FROM:  # a chain's closure and a turn: the turn added to it
                 at = next(at for at, p in enumerate(parts) if len(p[2]) == largest)
-                rest = [p[2] for i, p in enumerate(parts) if i != at]
-                sources = _Grown.of(parts[at][2]).plus(frozenset().union(*rest))
+                sources = _Grown.of(parts[at][2]).plus(_sources_besides(parts, at))
             else:
                 sources = frozenset().union(*map(_SOURCES_OF, parts))
             kinds = frozenset().union(*map(_KINDS_OF, parts))
