@@ -554,41 +554,29 @@ class _Liveness:
         missing = ids - self.known
         return list(missing) if missing else []
 
-    def asked(self, source_ids: Collection[str]) -> tuple[AbstractSet[str], list[str]]:
-        """`source_ids` as a set, with those of them not cached (`missing`). A frozenset is
-        given back as it is. Any other collection is read once, as MemoryStore reads one:
-        the cached ones among them picked in one C pass and, when that is as many as given
-        (every one, none repeated), that new set is given (`held` may take the dead out of
-        it in place, then copies it once into the answer); else as a frozenset."""
-        if isinstance(source_ids, frozenset):
-            return source_ids, self.missing(source_ids)
-        cached = self.known.intersection(source_ids)
-        if len(cached) == len(source_ids):
-            return cached, []
-        ids = frozenset(source_ids)
+    def asked(self, source_ids: Collection[str]) -> tuple[frozenset[str], list[str]]:
+        """`source_ids` as a frozenset (a frozenset given back as it is), with those of them
+        not cached (`missing`). Made once, then checked: the set the answer is, when none of
+        them is dead (`held`), so a lookup of k ids builds one k-sized set, not a set of the
+        cached ones and then its copy (~22 against ~27 µs for 1,000 ids, in one process)."""
+        ids = source_ids if isinstance(source_ids, frozenset) else frozenset(source_ids)
         return ids, self.missing(ids)
 
-    def held(self, ids: AbstractSet[str], now: float) -> frozenset[str]:
-        """Those of `ids` (from `asked`) held at `now`, every one of them cached (ask
-        `missing` first: an id not cached would count as held for good, a wrong allow):
-        `ids` itself when none is among `unheld` (a C pass over the smaller of the two,
-        stopping at the first found; nothing k-sized made for a frozenset), else `ids` less
-        the unheld ones not held until after `now`: one C pass over the smaller of those and
-        `ids`, and one copy (a set from `asked` loses them in place first)."""
+    def held(self, ids: frozenset[str], now: float) -> frozenset[str]:
+        """Those of `ids` held at `now`, every one of them cached (ask `missing` first: an id
+        not cached would count as held for good, a wrong allow): `ids` itself when none is
+        among `unheld` (a C pass over the smaller of the two, stopping at the first found;
+        nothing k-sized made), else `ids` less the unheld ones not held until after `now`:
+        one C pass over the smaller of those and `ids`, and one copy."""
         unheld = self.unheld
         if not unheld or unheld.isdisjoint(ids):
-            return ids if isinstance(ids, frozenset) else frozenset(ids)
+            return ids
         until = self.until
         dead: AbstractSet[str] = unheld  # nothing expiring: every unheld id is dead
         if until:
             dead = unheld.intersection(ids)
             dead.difference_update([i for i in dead if until.get(i, 0.0) > now])
-        if isinstance(ids, frozenset):
-            return ids - dead
-        if isinstance(ids, set) and len(dead) <= len(ids):
-            ids.difference_update(dead)
-            return frozenset(ids)
-        return frozenset(ids - dead)
+        return ids - dead
 
 
 def _closure(summary_id: str, get: Callable[[str], Entry | None]) -> set[str]:
@@ -719,17 +707,20 @@ def _entry(row: Iterable[object]) -> Entry:
         if len(_kinds) >= _KINDS_MAX:
             _kinds.clear()
         source_kinds = _kinds[key] = _strings(key)
-    return Entry(
-        digest=str(d),
-        id=str(i),
-        depth=int(depth),  # type: ignore[call-overload]
-        kind=str(kind),
-        size=int(size),  # type: ignore[call-overload]
-        anchor=None if anchor is None else str(anchor),
-        parents=_strings(parents),
-        sources=_strings(direct),
-        source_kinds=source_kinds,
-        window=str(window),
+    return _made(  # `Entry(...)`, without the frozen dataclass's `__setattr__` per field
+        Entry,
+        {
+            "digest": str(d),
+            "id": str(i),
+            "depth": int(depth),  # type: ignore[call-overload]
+            "kind": str(kind),
+            "size": int(size),  # type: ignore[call-overload]
+            "anchor": None if anchor is None else str(anchor),
+            "parents": _strings(parents),
+            "sources": _strings(direct),
+            "source_kinds": source_kinds,
+            "window": str(window),
+        },
     )
 
 
@@ -760,6 +751,7 @@ class SQLiteStore:
         if ttl is not None and ttl <= 0:
             raise ValueError(f'"ttl" must be > 0 seconds: {ttl}')
         self.path = Path(path)
+        self._file = os.fspath(self.path)  # what `_check_file` stats
         self.ttl = ttl
         self._lock = threading.Lock()
         self._data_version = -1  # of the other connections' commits, when `since` last read
@@ -820,7 +812,14 @@ class SQLiteStore:
     def _check_file(self) -> None:
         """Refuse to go on with a file deleted or replaced while open: its writes would land in
         an unlinked inode and its answers come from a store nobody else sees (fail closed)."""
-        if self._identity is not None and _identity(self.path) != self._identity:
+        identity = self._identity
+        if identity is None:
+            return
+        try:  # (a str path, and the fields compared as they are: ~1 µs a call, every call)
+            st = os.stat(self._file)
+        except OSError:
+            st = None
+        if st is None or st.st_ino != identity[1] or st.st_dev != identity[0]:
             raise StoreUnavailableError(
                 f"SQLite store {self.path} was deleted or replaced while open; "
                 "reopen the store (its sources count as dead until then)"
@@ -1288,7 +1287,7 @@ class SQLiteStore:
             if self._caught_up(rows, ids, missing) and held is not None and known is not None:
                 live, until = self._held_since(rows, ids, held, known[1], now)
             else:  # (after a capped scan `_caught_up` read every one of `ids` afresh)
-                live = cache.held(ids, now)
+                live = cache.held(ids if isinstance(ids, frozenset) else frozenset(ids), now)
                 until = cache.earliest(live)
             # The sources of the entries found, besides `ids`: as the statement read them,
             # or (after `_ask`) as the cache now holds them.
@@ -1306,14 +1305,19 @@ class SQLiteStore:
         for r in rows:
             if r[0] == "w":
                 depth = int(r[1])
-        return View(
-            cursor=since[-1][1] if since else cursor,
-            since=[(_entry(r[2:12]), None if r[12] is None else _text(r[12])) for r in since],
-            entries=entries,
-            rests_on={k: frozenset(v) for k, v in rests_on.items()},
-            live=live,
-            depth=depth,
-            as_of=as_of,
+        return _made(  # `View(...)`, without the frozen dataclass's `__setattr__` per field
+            View,
+            {
+                "cursor": since[-1][1] if since else cursor,
+                "since": [
+                    (_entry(r[2:12]), None if r[12] is None else _text(r[12])) for r in since
+                ],
+                "entries": entries,
+                "rests_on": {k: frozenset(v) for k, v in rests_on.items()},
+                "live": live,
+                "depth": depth,
+                "as_of": as_of,
+            },
         )
 
     def _known(self, as_of: object, now: float) -> tuple[int, float] | None:
