@@ -10,6 +10,7 @@ The contract every store keeps is written as tests in tests/store_contract.py an
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
 import os
 import sqlite3
@@ -26,6 +27,7 @@ from typing import Any, ClassVar
 from policyhook import _fork
 from policyhook._errors import StoreUnavailableError
 from policyhook._provenance import (
+    ANCHOR_BYTES,
     UNREGISTERED,
     Entry,
     FactRecord,
@@ -36,6 +38,7 @@ from policyhook._provenance import (
     State,
     Store,
     View,
+    _anchor_hash,
     _Grown,
     _made,
     anchor_of,
@@ -113,6 +116,9 @@ class MemoryStore:
             max_ids = max(4_096, 16 * self.max_tombstones)
         self.max_ids = max_ids
         self._secret = os.urandom(32)
+        # `digest` and `anchor_of`'s hashes, keyed once: a copy costs less than keying anew
+        self._digests = hashlib.blake2b(key=self._secret, digest_size=16)
+        self._anchors = _anchor_hash(self._secret)
         self._lock = threading.Lock()
         self._held: OrderedDict[str, tuple[Source, str, float]] = OrderedDict()  # id -> expiry
         self._dead: OrderedDict[str, State] = OrderedDict()  # the tombstones, oldest first
@@ -157,8 +163,8 @@ class MemoryStore:
     def secret(self) -> bytes:
         return self._secret
 
-    def _index(self, entry: Entry) -> None:
-        previous = self._entries.get(entry.digest)
+    def _index(self, entry: Entry, previous: Entry | None) -> None:
+        """Index `entry`; `previous`: the entry held under its digest before (None: new)."""
         if previous is None and entry.anchor is not None:
             listed = self._by_anchor.get(entry.anchor)
             if listed is None:
@@ -237,8 +243,35 @@ class MemoryStore:
             del self._held[source_id]
             self._bury(source_id, "expired")
 
+    def _source_entry(self, source: Source, text: str) -> Entry:
+        """`Entry.of_source(self.secret(), source, text)`, from the hashes keyed once (two
+        BLAKE2b compressions of the key fewer) and without the dataclass's `__init__`."""
+        data = encode(text)
+        hashed = self._digests.copy()
+        hashed.update(data)
+        anchor = None
+        if len(data) >= ANCHOR_BYTES:
+            anchored = self._anchors.copy()
+            anchored.update(data[:ANCHOR_BYTES])
+            anchor = anchored.hexdigest()
+        return _made(
+            Entry,
+            {
+                "digest": hashed.hexdigest(),
+                "id": source.id,
+                "depth": 0,
+                "kind": source.kind,
+                "size": len(data),
+                "anchor": anchor,
+                "parents": (),
+                "sources": (source.id,),
+                "source_kinds": (source.kind,),
+                "window": "",
+            },
+        )
+
     def put_source(self, source: Source, text: str) -> None:
-        entry = Entry.of_source(self._secret, source, text)
+        entry = self._source_entry(source, text)
         with self._lock:
             now = time.monotonic()
             self._expire(now)
@@ -268,7 +301,7 @@ class MemoryStore:
             self._dead.pop(source.id, None)
             known = self._entries.get(entry.digest)
             if known is None or known.depth == 0:  # a summary's text stays that summary
-                self._index(entry)
+                self._index(entry, known)
             if self.max_sources is not None:
                 while len(self._held) > self.max_sources:
                     dropped, _ = self._held.popitem(last=False)
@@ -314,11 +347,14 @@ class MemoryStore:
 
     def put_summary(self, entry: Entry, text: str, facts: Sequence[FactRecord] = ()) -> Entry:
         with self._lock:
-            entry = entry.merged(self._entries.get(entry.digest))
-            self._index(entry)
+            earlier = self._entries.get(entry.digest)
+            if earlier is not None:
+                entry = entry.merged(earlier)
+            self._index(entry, earlier)
             self._by_id[entry.id] = entry
-            self._texts[entry.digest] = text
-            self._texts.move_to_end(entry.digest)
+            texts = self._texts
+            texts[entry.digest] = text
+            texts.move_to_end(entry.digest)
             if facts and any(ids for _, ids in facts):
                 known = self._facts.setdefault(entry.id, {})
                 for fact, ids in facts:
