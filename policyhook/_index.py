@@ -466,22 +466,26 @@ class Index:
         if len(pieces) < 2:
             return
         heads, tails = self._heads, self._tails
-        found_heads = heads.keys() & map(_HEAD, islice(pieces, 1, None))
-        found_tails = tails.keys() & map(_TAIL_KEY, islice(pieces, len(pieces) - 1))
+        # Each key sliced once: the lookups and the placing below read the same objects (a
+        # bytes object keeps its hash), so a found key is not sliced and hashed a second time.
+        head_keys = list(map(_HEAD, islice(pieces, 1, None)))
+        tail_keys = list(map(_TAIL_KEY, islice(pieces, len(pieces) - 1)))
+        found_heads = heads.keys() & head_keys
+        found_tails = tails.keys() & tail_keys
         if not found_heads and not found_tails:
             return
         ends = list(accumulate(map(len, pieces)))  # piece n starts at ends[n - 1] + n
         if found_heads:
-            found = map(found_heads.__contains__, map(_HEAD, islice(pieces, 1, None)))
-            for number in compress(range(1, len(pieces)), found):
+            for number in compress(range(1, len(pieces)), map(found_heads.__contains__, head_keys)):
                 at = ends[number - 1] + number - 1  # the cut byte before it
-                for candidate in heads[pieces[number][:_KEY]]:
+                for candidate in heads[head_keys[number - 1]]:
                     hits.append((at, candidate))
         if found_tails:
-            found = map(found_tails.__contains__, map(_TAIL_KEY, islice(pieces, len(pieces) - 1)))
-            for number in compress(range(len(pieces) - 1), found):
+            for number in compress(
+                range(len(pieces) - 1), map(found_tails.__contains__, tail_keys)
+            ):
                 at = ends[number] + number - _KEY  # the key before the cut after it
-                for candidate in tails[pieces[number][-_KEY:]]:
+                for candidate in tails[tail_keys[number]]:
                     hits.append((at, candidate))
 
     def _chunked(self, data: bytes) -> list[Hit]:
