@@ -620,9 +620,14 @@ class Index:
         return _fitting(data, hits, digests)
 
     def _merge_all(self) -> None:
-        """Every level merges into one (the texts discarded left out)."""
-        kept = self._kept(self._levels)
+        """Every level merges into one (the texts discarded left out), counted as searched
+        with the bytes every one of them was: its DFA is paid for as theirs were, and the level
+        is not searched with an NFA again until it has been (`_Level.searcher`)."""
+        levels = self._levels
+        kept = self._kept(levels)
         self._levels = [_Level(kept, _tier(len(kept)))] if kept else []
+        if kept:
+            self._levels[0]._searched = min(level._searched for level in levels)
         self._passes = 0
 
     def _consolidate(self, size: int) -> None:

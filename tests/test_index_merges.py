@@ -104,3 +104,26 @@ class TestMergedLevels:
         assert found == set(digests)
         assert not index._dropped
         assert sum(index._used.values()) == 2 * _BATCH - 2
+
+    def test_a_merged_level_counts_the_bytes_all_its_parts_were_searched_with(self) -> None:
+        """The merged level starts with the bytes the least searched level had (every anchor
+        in it was searched that much), so levels that were DFAs merge into one that is a DFA
+        at its first search once those bytes cover its build, and it finds the same."""
+        index = Index()
+        for i in range(2 * _BATCH):
+            index.add(DATA[i], f"d{i}")
+        value = b" filler ".join([b"", *DATA[: 2 * _BATCH : 3], b""]).ljust(_CHUNKED, b".")
+        expected = placed(value, DATA, set(range(2 * _BATCH)))
+        older, newer = index._levels
+        older._searched, newer._searched = 10 * 2 * _BATCH * _index._DFA_BUILD_BYTES, 7
+        with mock.patch.object(_index, "_BUILD_BYTES", 0):
+            assert set(_index._fitting(value, index._hits(value), index._digests)) >= expected
+        (merged,) = index._levels
+        assert merged._searched == 7 + len(value) and merged._dfa is None
+        for i in range(2 * _BATCH, 3 * _BATCH):  # a batch more: the next search merges again
+            index.add(DATA[i], f"d{i}")
+        merged._searched = index._levels[-1]._searched = 3 * _BATCH * _index._DFA_BUILD_BYTES
+        with mock.patch.object(_index, "_BUILD_BYTES", 0):
+            assert set(_index._fitting(value, index._hits(value), index._digests)) >= expected
+        (again,) = index._levels
+        assert again._dfa is not None and again._nfa is None
