@@ -12,9 +12,11 @@ A text with no such key (short, or with no cut byte: hex, base64) is indexed by 
 searched with `bytes.find`; a full batch becomes an automaton of tier 0, and `_FANOUT` automata
 of one tier merge into one of the next (tiered merging, a counter in base `_FANOUT`), so a text
 is rebuilt into an automaton O(log n) times in all, a merge of n anchors happens once per
-n/`_FANOUT` new texts, and a search runs O(log n) automata. Anchors and keys are chosen unique:
-texts sharing a long prefix (a tool-output header) are anchored further in, so one hit in the
-input means one candidate to confirm, not N.
+n/`_FANOUT` new texts, and a search runs O(log n) automata; once searches of `_CHUNKED` bytes or
+more have paid in passes beyond the first what merging them all costs, they merge into one (ski
+rental, `Index._passes`): long new turns are searched in about one pass. Anchors and keys are
+chosen unique: texts sharing a long prefix (a tool-output header) are anchored further in, so
+one hit in the input means one candidate to confirm, not N.
 
 The index returns candidates only; the ledger confirms each by digest.
 
@@ -285,6 +287,12 @@ class Index:
         self._chunks: OrderedDict[tuple[int, bytes, bytes], list[Any]] = OrderedDict()
         self._seams: OrderedDict[bytes, list[Any]] = OrderedDict()
         self._memo_bytes = 0  # what both are charged (`_charge`)
+        #: Bytes of inputs of `_CHUNKED` or more searched by levels past the first since they
+        #: last all merged into one: once that costs as much as the merge would (`_BUILD_BYTES`
+        #: an anchor), they merge (ski rental: a long new turn is searched in a bounded number
+        #: of passes whatever the texts indexed). Smaller inputs are left to the tiers: a pass
+        #: over one costs little beside its call, and merges would be builds inside a loop.
+        self._passes = 0
 
     def __len__(self) -> int:
         return len(self._digests)
@@ -436,6 +444,11 @@ class Index:
         if size >= _CHUNKED and len(fresh) > _FIND_MAX:  # the batch becomes a level: a pass,
             self._fold()  # not many `find`s (a find of 4 KB costs about an eighth of a pass)
             levels, fresh = self._levels, self._fresh  # (a fold may rebuild the list)
+        if size >= _CHUNKED and len(levels) > 1:  # every pass past the first since the last
+            self._passes += size * (len(levels) - 1)  # merge of them all ...
+            if self._passes >= _BUILD_BYTES * sum(level.size for level in levels):
+                self._merge_all()  # ... has cost as much as merging them: one pass from now on
+                levels = self._levels
         if size >= _LARGE_INPUT:
             self._consolidate(size)
             levels, fresh = [], list(self._fresh)
@@ -466,22 +479,26 @@ class Index:
         if len(pieces) < 2:
             return
         heads, tails = self._heads, self._tails
-        found_heads = heads.keys() & map(_HEAD, islice(pieces, 1, None))
-        found_tails = tails.keys() & map(_TAIL_KEY, islice(pieces, len(pieces) - 1))
+        # Each key sliced once: the lookups and the placing below read the same objects (a
+        # bytes object keeps its hash), so a found key is not sliced and hashed a second time.
+        head_keys = list(map(_HEAD, islice(pieces, 1, None)))
+        tail_keys = list(map(_TAIL_KEY, islice(pieces, len(pieces) - 1)))
+        found_heads = heads.keys() & head_keys
+        found_tails = tails.keys() & tail_keys
         if not found_heads and not found_tails:
             return
         ends = list(accumulate(map(len, pieces)))  # piece n starts at ends[n - 1] + n
         if found_heads:
-            found = map(found_heads.__contains__, map(_HEAD, islice(pieces, 1, None)))
-            for number in compress(range(1, len(pieces)), found):
+            for number in compress(range(1, len(pieces)), map(found_heads.__contains__, head_keys)):
                 at = ends[number - 1] + number - 1  # the cut byte before it
-                for candidate in heads[pieces[number][:_KEY]]:
+                for candidate in heads[head_keys[number - 1]]:
                     hits.append((at, candidate))
         if found_tails:
-            found = map(found_tails.__contains__, map(_TAIL_KEY, islice(pieces, len(pieces) - 1)))
-            for number in compress(range(len(pieces) - 1), found):
+            for number in compress(
+                range(len(pieces) - 1), map(found_tails.__contains__, tail_keys)
+            ):
                 at = ends[number] + number - _KEY  # the key before the cut after it
-                for candidate in tails[pieces[number][-_KEY:]]:
+                for candidate in tails[tail_keys[number]]:
                     hits.append((at, candidate))
 
     def _chunked(self, data: bytes) -> list[Hit]:
@@ -601,6 +618,17 @@ class Index:
         hits: list[Hit] = []
         _placed(data, added, hits)
         return _fitting(data, hits, digests)
+
+    def _merge_all(self) -> None:
+        """Every level merges into one (the texts discarded left out), counted as searched
+        with the bytes every one of them was: its DFA is paid for as theirs were, and the level
+        is not searched with an NFA again until it has been (`_Level.searcher`)."""
+        levels = self._levels
+        kept = self._kept(levels)
+        self._levels = [_Level(kept, _tier(len(kept)))] if kept else []
+        if kept:
+            self._levels[0]._searched = min(level._searched for level in levels)
+        self._passes = 0
 
     def _consolidate(self, size: int) -> None:
         """Before a large input: every level merges into one when building it costs less than
