@@ -168,9 +168,9 @@ class Activation(Mapping[str, Mapping[str, Any]]):
         usual = (  # what the guard makes: checked in one expression, not field by field
             type(depth) is type(tokens) is type(chars) is type(attempt) is int
             and type(window_tokens) is type(window_budget) is type(window_max_depth) is int
-            and min(depth, tokens, chars, attempt, window_tokens, window_budget, window_max_depth)
-            >= INT64_MIN
-            and max(depth, tokens, chars, attempt, window_tokens, window_budget, window_max_depth)
+            # all within 0..INT64_MAX, in one test (a negative one: `_scalar_problem` decides)
+            and 0
+            <= depth | tokens | chars | attempt | window_tokens | window_budget | window_max_depth
             <= INT64_MAX
             and type(region_id) is type(trigger) is type(window_id) is type(summarizer) is str
             and (region_id + trigger + window_id + summarizer).isascii()

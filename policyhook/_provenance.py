@@ -1032,12 +1032,12 @@ class Ledger:
             # It found no entries (`changed` would be set), so it answered the liveness of
             # exactly the region's sources: no intersection to take (O(k) on a long chain).
             # `first` was made for this call and no one else holds it: completed in place.
-            first.__dict__["live"] = view.live
-            asked_ids = sources_of(first.region)
-            count = len(asked_ids)
-            if count >= _HELD_FROM and view.as_of is not None and len(view.live) == count:
-                # Every source held (the view answered exactly them): a summary of it keeps that
-                self._all_held = (first.region.id, asked_ids, view.as_of)
+            live = first.__dict__["live"] = view.live
+            if len(live) >= _HELD_FROM and view.as_of is not None:  # (a small one: not kept)
+                asked_ids = sources_of(first.region)
+                if len(live) == len(asked_ids):
+                    # Every source held (the view answered exactly them): a summary keeps that
+                    self._all_held = (first.region.id, asked_ids, view.as_of)
             return first
         if len(view.since) >= 1024:  # far behind: catch up the usual way, then resolve
             found = self._resolve(items)
@@ -1144,7 +1144,7 @@ class Ledger:
         joined = "\x1e".join(digests)
         region_id = self._region_ids.get(joined)
         if region_id is None:  # an input not seen lately: its id is a hash of its parts' digests
-            region_id = "r:" + digest(secret, joined.encode())[:16]
+            region_id = "r:" + self._digest(joined.encode())[:16]
             if len(joined) <= _REGION_ID_KEY:
                 if len(self._region_ids) >= _REGION_IDS:
                     self._region_ids.clear()
@@ -1538,7 +1538,7 @@ class Ledger:
 
     def _learn(self, entry: Entry, data: bytes, check: bool = False) -> None:
         """Cache an entry and index its text (`data`) for finding it inside longer input."""
-        if check and digest(self._key, data) != entry.digest:
+        if check and self._digest(data) != entry.digest:
             return
         self._remember(entry)
         self._index.add(data, entry.digest)
@@ -1683,7 +1683,8 @@ class _Closures:
         store gave is not, and goes when a summary new to the cache arrives
         (`drop_unanchored`). `as_of`: where the store found every id of `sources` held
         (`View.as_of`), kept while `sources` is the newest or a kept parent's."""
-        head_id, kept = self._head_id, self._parents
+        head_id, kept, older = self._head_id, self._parents, self._older
+        # (`_drop_older` written out below: this runs on every record)
         if parents:  # a record: what it was made from replaces the last record's parents
             made_from: dict[str, AbstractSet[str]] = {}
             for parent, closure in kept.items():
@@ -1693,20 +1694,24 @@ class _Closures:
                     self._unanchored.discard(parent)
                     self._as_of.pop(parent, None)
             for parent in parents:
-                if self._drop_older(parent):
+                dropped = older.pop(parent, None)
+                if dropped is not None:
+                    self._ids -= len(dropped)
                     self._unanchored.discard(parent)
             kept = self._parents = made_from
         if head_id is not None and head_id != summary_id:
             if head_id in parents:
                 kept[head_id] = self._head
             else:
-                self._drop_older(head_id)
-                self._older[head_id] = dict.fromkeys(self._head)
-                self._ids += len(self._head)
+                dropped = older.pop(head_id, None)
+                self._ids += len(self._head) - (0 if dropped is None else len(dropped))
+                older[head_id] = dict.fromkeys(self._head)
                 self._as_of.pop(head_id, None)
         if kept:
             kept.pop(summary_id, None)
-        self._drop_older(summary_id)
+        dropped = older.pop(summary_id, None)
+        if dropped is not None:
+            self._ids -= len(dropped)
         self._head_id, self._head = summary_id, sources
         if as_of is None:
             self._as_of.pop(summary_id, None)
