@@ -389,8 +389,9 @@ class TestHashedOnce:
     the next input as a message): BLAKE2b over it was most of what recording it cost."""
 
     def test_a_recorded_turn_is_hashed_once_by_the_ledger(self) -> None:
-        """record_source hashes the turn once in the ledger (the store's `put_source` hashes
-        it under its own secret, once), and resolving it next hashes nothing."""
+        """record_source hashes the turn once in the ledger (MemoryStore's `put_source` hashes
+        it under its own secret, from a hash keyed once, not through `digest`:
+        tests/test_stores_entries.py), and resolving it next hashes nothing."""
         ledger = Ledger(MemoryStore())
         turn = source_text(3) + " and its tail"
         data = turn.encode()
@@ -403,7 +404,7 @@ class TestHashedOnce:
 
         with mock.patch.object(_provenance, "digest", counted):
             ledger.record_source(turn, "user_turn", "turn-1")
-            assert hashed.count(data) == 2  # the ledger's once, the store's once
+            assert hashed.count(data) == 1  # the ledger's once
             hashed.clear()
             region = ledger.resolve([turn], "w").region
         assert data not in hashed
