@@ -120,6 +120,32 @@ def anchor_of(key: bytes, data: bytes) -> str | None:
     return hashed.hexdigest()
 
 
+class KeyedHashes:
+    """`digest` and `anchor_of` under one key, keyed once: copying a keyed BLAKE2b costs less
+    than keying a new one, and every text recorded or found is hashed (the ledger's and
+    MemoryStore's; `Entry.of_source` takes either these or the key)."""
+
+    __slots__ = ("anchored", "digested")
+
+    def __init__(self, key: bytes) -> None:
+        self.digested = hashlib.blake2b(key=key, digest_size=16)  # before any data
+        self.anchored = _anchor_hash(key)
+
+    def digest(self, data: bytes | memoryview) -> str:
+        """`digest(key, data)`."""
+        hashed = self.digested.copy()
+        hashed.update(data)
+        return hashed.hexdigest()
+
+    def anchor(self, data: bytes) -> str | None:
+        """`anchor_of(key, data)`."""
+        if len(data) < ANCHOR_BYTES:
+            return None
+        hashed = self.anchored.copy()
+        hashed.update(data[:ANCHOR_BYTES])
+        return hashed.hexdigest()
+
+
 def text_id(prefix: str, text: str, key: bytes | None = None) -> str:
     """A content-addressed id, keyed: the same text and key always give the same id.
 
@@ -214,19 +240,31 @@ class Entry:
 
     @classmethod
     def of_source(
-        cls, key: bytes, source: Source, text: str, text_digest: str | None = None
+        cls,
+        key: bytes | KeyedHashes,
+        source: Source,
+        text: str,
+        text_digest: str | None = None,
     ) -> Entry:
-        """The entry of original evidence held under `source`; `text_digest`: the text's
+        """The entry of original evidence held under `source`; `key`: the store's secret, or
+        its hashes keyed once (a store or ledger recording many); `text_digest`: the text's
         keyed digest when the caller has it already (`digest(key, encode(text))`)."""
+        hashes = key if isinstance(key, KeyedHashes) else KeyedHashes(key)
         data = encode(text)
-        return cls(
-            digest=digest(key, data) if text_digest is None else text_digest,
-            id=source.id,
-            kind=source.kind,
-            size=len(data),
-            anchor=anchor_of(key, data),
-            sources=(source.id,),
-            source_kinds=(source.kind,),
+        return _made(  # `cls(...)`, without the frozen dataclass's `__setattr__` per field
+            cls,
+            {
+                "digest": hashes.digest(data) if text_digest is None else text_digest,
+                "id": source.id,
+                "depth": 0,
+                "kind": source.kind,
+                "size": len(data),
+                "anchor": hashes.anchor(data),
+                "parents": (),
+                "sources": (source.id,),
+                "source_kinds": (source.kind,),
+                "window": "",
+            },
         )
 
 
@@ -676,8 +714,8 @@ class Ledger:
         self.max_texts = max_texts
         self.max_windows = max_windows
         self._key = store.secret()
-        self._anchors = _anchor_hash(self._key)  # anchor_of's hash, keyed once: copies cost less
-        self._keyed = hashlib.blake2b(key=self._key, digest_size=16)  # `digest`'s, likewise
+        self._hashes = KeyedHashes(self._key)
+        self._digest = self._hashes.digest  # (bound once: called for every text confirmed)
         self._reader: Store = store  # what recognition reads: the store, or see `_viewed`
         self._lock = threading.RLock()
         self._entries: OrderedDict[str, Entry] = OrderedDict()  # digest -> entry, LRU
@@ -714,14 +752,6 @@ class Ledger:
     def _after_fork(self) -> None:
         self._lock = threading.RLock()  # another thread may have held it at the fork
 
-    def _anchor(self, data: bytes) -> str | None:
-        """`anchor_of(self._key, data)`, from the hash keyed once."""
-        if len(data) < ANCHOR_BYTES:
-            return None
-        hashed = self._anchors.copy()
-        hashed.update(data[:ANCHOR_BYTES])
-        return hashed.hexdigest()
-
     def text_id(self, prefix: str, text: str) -> str:
         """An id for `text` keyed with the store's secret: the same in every process sharing it."""
         return text_id(prefix, text, self._key)
@@ -754,7 +784,7 @@ class Ledger:
         if carried is None:
             self.store.put_source(source, text)  # refused if the id names another text
             with self._lock:
-                entry = Entry.of_source(self._key, source, text, key)
+                entry = Entry.of_source(self._hashes, source, text, key)
                 self._learn(entry, data)
             return source
         # Its provenance first, so no failure leaves it plain evidence; but never resting on an
@@ -917,7 +947,7 @@ class Ledger:
                 "depth": depth,
                 "kind": "summary",
                 "size": len(data),
-                "anchor": self._anchor(data),
+                "anchor": self._hashes.anchor(data),
                 "parents": parents,
                 "sources": tuple(sorted(direct)),
                 "source_kinds": tuple(sorted(summarized.source_kinds)),
@@ -1349,12 +1379,6 @@ class Ledger:
         view = memoryview(data)
         return {c for c in set(candidates) if self._digest(view[c[0] : c[1]]) == c[2]}
 
-    def _digest(self, data: bytes | memoryview) -> str:
-        """`digest(self._key, data)`, from the hash keyed once (a copy costs less than keying)."""
-        hashed = self._keyed.copy()
-        hashed.update(data)
-        return hashed.hexdigest()
-
     def _ask_store(self, data: bytes) -> list[tuple[int, int, str]]:
         """Where texts the store knows but this process does not cache may start in `data`.
 
@@ -1365,7 +1389,7 @@ class Ledger:
         should hold a working set.
         """
         anchors: dict[str, list[int]] = {}
-        keyed = self._anchors
+        keyed = self._hashes.anchored
         for at in range(len(data) - ANCHOR_BYTES + 1):
             if data[at] & 0xC0 == 0x80:  # not a char start
                 continue

@@ -10,7 +10,6 @@ The contract every store keeps is written as tests in tests/store_contract.py an
 from __future__ import annotations
 
 import bisect
-import hashlib
 import json
 import os
 import sqlite3
@@ -27,18 +26,17 @@ from typing import Any, ClassVar
 from policyhook import _fork
 from policyhook._errors import StoreUnavailableError
 from policyhook._provenance import (
-    ANCHOR_BYTES,
     UNREGISTERED,
     Entry,
     FactRecord,
     Held,
+    KeyedHashes,
     Region,
     Source,
     SourceIdConflictError,
     State,
     Store,
     View,
-    _anchor_hash,
     _Grown,
     _made,
     anchor_of,
@@ -116,9 +114,7 @@ class MemoryStore:
             max_ids = max(4_096, 16 * self.max_tombstones)
         self.max_ids = max_ids
         self._secret = os.urandom(32)
-        # `digest` and `anchor_of`'s hashes, keyed once: a copy costs less than keying anew
-        self._digests = hashlib.blake2b(key=self._secret, digest_size=16)
-        self._anchors = _anchor_hash(self._secret)
+        self._hashes = KeyedHashes(self._secret)  # every source put is hashed with these
         self._lock = threading.Lock()
         self._held: OrderedDict[str, tuple[Source, str, float]] = OrderedDict()  # id -> expiry
         self._dead: OrderedDict[str, State] = OrderedDict()  # the tombstones, oldest first
@@ -243,35 +239,8 @@ class MemoryStore:
             del self._held[source_id]
             self._bury(source_id, "expired")
 
-    def _source_entry(self, source: Source, text: str) -> Entry:
-        """`Entry.of_source(self.secret(), source, text)`, from the hashes keyed once (two
-        BLAKE2b compressions of the key fewer) and without the dataclass's `__init__`."""
-        data = encode(text)
-        hashed = self._digests.copy()
-        hashed.update(data)
-        anchor = None
-        if len(data) >= ANCHOR_BYTES:
-            anchored = self._anchors.copy()
-            anchored.update(data[:ANCHOR_BYTES])
-            anchor = anchored.hexdigest()
-        return _made(
-            Entry,
-            {
-                "digest": hashed.hexdigest(),
-                "id": source.id,
-                "depth": 0,
-                "kind": source.kind,
-                "size": len(data),
-                "anchor": anchor,
-                "parents": (),
-                "sources": (source.id,),
-                "source_kinds": (source.kind,),
-                "window": "",
-            },
-        )
-
     def put_source(self, source: Source, text: str) -> None:
-        entry = self._source_entry(source, text)
+        entry = Entry.of_source(self._hashes, source, text)
         with self._lock:
             now = time.monotonic()
             self._expire(now)

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policyhook import MemoryStore, Source
-from policyhook._provenance import ANCHOR_BYTES, Entry, anchor_of, digest, encode
+from policyhook._provenance import ANCHOR_BYTES, Entry, KeyedHashes, anchor_of, digest, encode
 
 #: Texts around the anchor's length (in bytes: multi-byte letters), with lone surrogates.
 _TEXTS = st.one_of(
@@ -21,14 +21,25 @@ class TestMemoryStoreSourceEntries:
     @given(texts=st.lists(_TEXTS, min_size=1, max_size=6, unique=True))
     def test_a_source_is_indexed_as_entry_of_source_makes_it(self, texts: list[str]) -> None:
         """A source put is found by its keyed digest and anchor, as `Entry.of_source` makes
-        its entry: the same digest, anchor, size and fields (hashed from keys made once)."""
+        its entry from the key or from hashes keyed once: the entry the dataclass makes of
+        `digest` and `anchor_of`."""
         store = MemoryStore()
         key = store.secret()
         for i, text in enumerate(texts):
             source = Source(f"src-{i}", "tool_output")
             store.put_source(source, text)
             data = encode(text)
-            expected = Entry.of_source(key, source, text)
+            expected = Entry(  # the dataclass's own constructor, from `digest` and `anchor_of`
+                digest(key, data),
+                source.id,
+                kind=source.kind,
+                size=len(data),
+                anchor=anchor_of(key, data),
+                sources=(source.id,),
+                source_kinds=(source.kind,),
+            )
+            assert Entry.of_source(key, source, text) == expected
+            assert Entry.of_source(KeyedHashes(key), source, text) == expected
             assert store.lookup([digest(key, data)]) == {expected.digest: expected}
             anchor = anchor_of(key, data)
             if anchor is not None:
