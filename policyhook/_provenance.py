@@ -1707,8 +1707,7 @@ class _Closures:
         store gave is not, and goes when a summary new to the cache arrives
         (`drop_unanchored`). `as_of`: where the store found every id of `sources` held
         (`View.as_of`), kept while `sources` is the newest or a kept parent's."""
-        head_id, kept, older = self._head_id, self._parents, self._older
-        # (`_drop_older` written out below: this runs on every record)
+        head_id, kept = self._head_id, self._parents
         if parents:  # a record: what it was made from replaces the last record's parents
             made_from: dict[str, AbstractSet[str]] = {}
             for parent, closure in kept.items():
@@ -1718,24 +1717,20 @@ class _Closures:
                     self._unanchored.discard(parent)
                     self._as_of.pop(parent, None)
             for parent in parents:
-                dropped = older.pop(parent, None)
-                if dropped is not None:
-                    self._ids -= len(dropped)
+                if self._drop_older(parent):
                     self._unanchored.discard(parent)
             kept = self._parents = made_from
         if head_id is not None and head_id != summary_id:
             if head_id in parents:
                 kept[head_id] = self._head
             else:
-                dropped = older.pop(head_id, None)
-                self._ids += len(self._head) - (0 if dropped is None else len(dropped))
-                older[head_id] = dict.fromkeys(self._head)
+                self._drop_older(head_id)
+                self._older[head_id] = dict.fromkeys(self._head)
+                self._ids += len(self._head)
                 self._as_of.pop(head_id, None)
         if kept:
             kept.pop(summary_id, None)
-        dropped = older.pop(summary_id, None)
-        if dropped is not None:
-            self._ids -= len(dropped)
+        self._drop_older(summary_id)
         self._head_id, self._head = summary_id, sources
         if as_of is None:
             self._as_of.pop(summary_id, None)

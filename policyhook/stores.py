@@ -741,7 +741,7 @@ def _entry(row: Iterable[object]) -> Entry:
     )
 
 
-def _identity(path: Path) -> tuple[int, int] | None:
+def _identity(path: str | Path) -> tuple[int, int] | None:
     """(device, inode) of a store file; None when there is no file to watch (`:memory:`)."""
     try:
         st = os.stat(path)
@@ -829,14 +829,7 @@ class SQLiteStore:
     def _check_file(self) -> None:
         """Refuse to go on with a file deleted or replaced while open: its writes would land in
         an unlinked inode and its answers come from a store nobody else sees (fail closed)."""
-        identity = self._identity
-        if identity is None:
-            return
-        try:  # (a str path, and the fields compared as they are: ~1 µs a call, every call)
-            st = os.stat(self._file)
-        except OSError:
-            st = None
-        if st is None or st.st_ino != identity[1] or st.st_dev != identity[0]:
+        if self._identity is not None and _identity(self._file) != self._identity:
             raise StoreUnavailableError(
                 f"SQLite store {self.path} was deleted or replaced while open; "
                 "reopen the store (its sources count as dead until then)"
