@@ -368,7 +368,7 @@ class TestSQLite:
         db.executescript("DROP TABLE facts; PRAGMA user_version = 2;")
         db.close()
         with SQLiteStore(path) as store:
-            assert store._db.execute("PRAGMA user_version").fetchone()[0] == 5
+            assert store._db.execute("PRAGMA user_version").fetchone()[0] == 6
             assert store.get_source("cfg") == "retry_ceiling: 7"
             entry = summary(store, "retries are capped at 7", sources=("cfg",))
             store.put_summary(entry, "retries are capped at 7", [("n:7", ("cfg",))])
@@ -397,9 +397,9 @@ class TestSQLite:
             """
         )
         db.close()
-        for _ in range(2):  # migrating once, then opening a version-5 file
+        for _ in range(2):  # migrating once, then opening a version-6 file
             with SQLiteStore(path) as store:
-                assert store._db.execute("PRAGMA user_version").fetchone()[0] == 5
+                assert store._db.execute("PRAGMA user_version").fetchone()[0] == 6
                 for source_id, state in (("held", "live"), ("gone", "evicted")):
                     with pytest.raises(SourceIdConflictError, match=f"now {state}"):
                         store.put_source(Source(source_id, "config_read"), "another text")
@@ -622,14 +622,15 @@ class TestAnotherConnectionsWrites:
         db.executescript(
             """
             DROP TRIGGER sources_put; DROP TRIGGER sources_changed; DROP INDEX sources_change;
+            DROP TRIGGER sources_named; DROP TABLE changes;
             ALTER TABLE sources DROP COLUMN change; DELETE FROM meta WHERE key = 'change';
             PRAGMA user_version = 4;
             """
         )
         db.close()
-        for _ in range(2):  # migrating once, then opening a version-5 file
+        for _ in range(2):  # migrating once, then opening a version-6 file
             mine, other = SQLiteStore(path), SQLiteStore(path)
-            assert mine._db.execute("PRAGMA user_version").fetchone()[0] == 5
+            assert mine._db.execute("PRAGMA user_version").fetchone()[0] == 6
             assert mine.states(["a", "b"]) == {"a": "live", "b": "evicted"}
             assert mine.live(["a", "b"]) == {"a"}
             other.evict("a")
