@@ -615,9 +615,8 @@ def _closure(summary_id: str, get: Callable[[str], Entry | None]) -> set[str]:
 
 #: 1: summaries copying their source lists; 2: normalised entries; 3: per-fact provenance;
 #: 4: the digest of the text each source id names (`sources.digest`); 5: a change sequence on
-#: `sources` (`sources.change`, kept by triggers), so a liveness cache re-reads only what changed;
-#: 6: the newest changes also in a small table (`changes`), read instead of `sources.change`.
-_SCHEMA_VERSION = 6
+#: `sources` (`sources.change`, kept by triggers), so a liveness cache re-reads only what changed.
+_SCHEMA_VERSION = 5
 _FOREVER = float("inf")
 #: Cached liveness entries before the cache is dropped (and filled again from the next reads):
 #: about 160 bytes an id (its sets' share and the id), so a long loop of new sources stays
@@ -638,7 +637,6 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 -- A source's text is NULL once evicted (the row is its tombstone), expires is a unix time,
 -- digest is the keyed digest of the one text the id names (NULL: not known, see `_name_sources`).
 -- change: the sequence number of the row's last write (`_CHANGES`), for liveness caches.
--- (Schema 6 reads `changes` instead, policyhook 5 handles still open on the file read this.)
 CREATE TABLE IF NOT EXISTS sources (
     id TEXT PRIMARY KEY, kind TEXT NOT NULL, text TEXT, expires REAL,
     state TEXT NOT NULL DEFAULT 'live', digest TEXT, change INTEGER NOT NULL DEFAULT 0
@@ -655,68 +653,41 @@ CREATE INDEX IF NOT EXISTS entries_anchor ON entries (anchor) WHERE anchor IS NO
 CREATE INDEX IF NOT EXISTS entries_id ON entries (id);
 CREATE INDEX IF NOT EXISTS entries_window ON entries (window, seq) WHERE depth > 0;
 CREATE TABLE IF NOT EXISTS windows (window TEXT PRIMARY KEY, depth INTEGER NOT NULL);
--- The newest `_KEPT` writes to `sources`, one row each, by change number (`_CHANGES`).
-CREATE TABLE IF NOT EXISTS changes (
-    change INTEGER PRIMARY KEY, id TEXT NOT NULL, state TEXT NOT NULL, expires REAL
-);
 -- Per-fact provenance of a summary: each fact with the ids of the sources stating it (JSON).
 CREATE TABLE IF NOT EXISTS facts (
     summary TEXT NOT NULL, fact TEXT NOT NULL, sources TEXT NOT NULL,
     PRIMARY KEY (summary, fact)
 ) WITHOUT ROWID;
 """
-#: Changes kept in `changes` (schema 6): a reader further behind reads every id it asks again
-#: (`SQLiteStore._caught_up`), as one past `_CHANGES_MAX` does, so at least that many. About
-#: 40 bytes a row: ~25 leaf pages, two levels, so a reader in step reads two pages to know it.
-_KEPT = 2_048
+#: Schema 5: every write to a source row gives it the next change number (counted in `meta`,
+#: key 'change': not `max(change)`, which a REPLACE of the newest row would send back), whoever
+#: writes it (this version's statements, an older policyhook still open on the file, a
+#: hand-made INSERT): a trigger, so no writer can skip it. A deleted row would leave no change
+#: for other connections' caches to read (they would go on answering it live: a wrong allow),
+#: so a DELETE from `sources` is refused; evicting keeps the row as a tombstone. (A REPLACE
+#: deletes without firing triggers and inserts the id again, with a new number.)
+_BUMP = (
+    "UPDATE meta SET value = value + 1 WHERE key = 'change'; UPDATE sources SET change = "
+    "(SELECT value FROM meta WHERE key = 'change') WHERE rowid = NEW.rowid"
+)
+_CHANGES = (
+    "INSERT OR IGNORE INTO meta SELECT 'change', coalesce(max(change), 0) FROM sources",
+    "CREATE INDEX IF NOT EXISTS sources_change ON sources (change)",
+    f"CREATE TRIGGER IF NOT EXISTS sources_put AFTER INSERT ON sources BEGIN {_BUMP}; END",
+    "CREATE TRIGGER IF NOT EXISTS sources_changed AFTER UPDATE OF id, kind, text, expires, "
+    f"state, digest ON sources BEGIN {_BUMP}; END",
+    "CREATE TRIGGER IF NOT EXISTS sources_kept BEFORE DELETE ON sources BEGIN SELECT RAISE(ABORT, "
+    "'policyhook: a source row is never deleted (other connections would miss it); evict it "
+    "instead (SQLiteStore.evict)'); END",
+    # A row given another id: its change is read under the new id, and the old one vanishes
+    # unseen (other connections' caches would go on answering it live). Made on every open,
+    # so files of schema 5 gain it too (policyhook 5 opens them as before).
+    "CREATE TRIGGER IF NOT EXISTS sources_named BEFORE UPDATE OF id ON sources WHEN NEW.id "
+    "IS NOT OLD.id BEGIN SELECT RAISE(ABORT, 'policyhook: a source row keeps its id (other "
+    "connections would go on answering the old one); put the text under the new id'); END",
+)
 #: The highest change number given (`_CHANGES`), in SQL.
 _LAST_CHANGE = "(SELECT value FROM meta WHERE key = 'change')"
-
-
-def _change_log(kept: int) -> tuple[str, ...]:
-    """The statements that number every write to `sources` (schema 5) and log its newest
-    `kept` in `changes` (schema 6).
-
-    Every write to a source row gives it the next change number (counted in `meta`, key
-    'change': not `max(change)`, which a REPLACE of the newest row would send back), and a
-    row of `changes` with its id and state, whoever writes it (this version's statements, an
-    older policyhook still open on the file, a hand-made INSERT): a trigger, so no writer can
-    skip it; the same trigger drops the rows past the newest `kept`. A deleted source row
-    would leave no change for other connections' caches to read (they would go on answering
-    it live: a wrong allow), so a DELETE from `sources` is refused (evicting keeps the row as
-    a tombstone), and so is a new id for a row (the old id would vanish unseen; a REPLACE
-    deletes without firing triggers and inserts the id again, with a new number). The newest
-    `kept` rows of `changes` cannot be deleted or rewritten either: a reader that finds none
-    after its last change number knows nothing was written since (`_X`)."""
-    bump = (
-        "UPDATE meta SET value = value + 1 WHERE key = 'change'; UPDATE sources SET change = "
-        f"{_LAST_CHANGE} WHERE rowid = NEW.rowid; INSERT INTO changes SELECT value, NEW.id, "
-        "NEW.state, NEW.expires FROM meta WHERE key = 'change'; DELETE FROM changes WHERE "
-        f"change <= {_LAST_CHANGE} - {kept}"
-    )
-    kept_rows = f"OLD.change > {_LAST_CHANGE} - {kept}"
-    return (
-        "INSERT OR IGNORE INTO meta SELECT 'change', coalesce(max(change), 0) FROM sources",
-        "CREATE INDEX IF NOT EXISTS sources_change ON sources (change)",
-        f"CREATE TRIGGER IF NOT EXISTS sources_put AFTER INSERT ON sources BEGIN {bump}; END",
-        "CREATE TRIGGER IF NOT EXISTS sources_changed AFTER UPDATE OF id, kind, text, expires, "
-        f"state, digest ON sources BEGIN {bump}; END",
-        "CREATE TRIGGER IF NOT EXISTS sources_kept BEFORE DELETE ON sources BEGIN SELECT "
-        "RAISE(ABORT, 'policyhook: a source row is never deleted (other connections would "
-        "miss it); evict it instead (SQLiteStore.evict)'); END",
-        "CREATE TRIGGER IF NOT EXISTS sources_named BEFORE UPDATE OF id ON sources WHEN NEW.id "
-        "IS NOT OLD.id BEGIN SELECT RAISE(ABORT, 'policyhook: a source row keeps its id (other "
-        "connections would go on answering the old one); put the text under the new id'); END",
-        f"CREATE TRIGGER IF NOT EXISTS changes_kept BEFORE DELETE ON changes WHEN {kept_rows} "
-        "BEGIN SELECT RAISE(ABORT, 'policyhook: the newest changes are kept (other connections "
-        "read them to know what was written)'); END",
-        "CREATE TRIGGER IF NOT EXISTS changes_fixed BEFORE UPDATE ON changes BEGIN SELECT "
-        "RAISE(ABORT, 'policyhook: a change is never rewritten (other connections may have "
-        "read it)'); END",
-    )
-
-
-_CHANGES = _change_log(_KEPT)
 _ENTRY_COLUMNS = "digest, id, depth, kind, size, anchor, parents, direct, source_kinds, window"
 _E_COLUMNS = ", ".join(f"e.{c}" for c in _ENTRY_COLUMNS.split(", "))
 
@@ -811,7 +782,7 @@ class SQLiteStore:
         # Liveness cache: id -> time its source stops being live (0: not live), valid while no
         # other connection commits; this connection's own writes update it.
         self._expiry = _Liveness()
-        self._changes = 0  # the highest change number the cache is in step with (`_caught_up`)
+        self._changes = 0  # the highest `sources.change` the cache is in step with (`_caught_up`)
         # What this handle's `View.as_of` starts with: (token, change number, earliest expiry)
         self._token = object()
         self._db = self._connect()
@@ -848,9 +819,6 @@ class SQLiteStore:
                     self._db.execute(
                         "ALTER TABLE sources ADD COLUMN change INTEGER NOT NULL DEFAULT 0"
                     )
-                if version < _SCHEMA_VERSION:  # schema 5's triggers do not log to `changes`
-                    self._db.execute("DROP TRIGGER IF EXISTS sources_put")
-                    self._db.execute("DROP TRIGGER IF EXISTS sources_changed")
                 for statement in _CHANGES:
                     self._db.execute(statement)
                 # The cache is empty, so it is in step with every change up to now.
@@ -1075,26 +1043,22 @@ class SQLiteStore:
                 cache.clear()
             now = time.time()
             ids, missing = cache.asked(source_ids)
-            seen = self._changes
-            params: dict[str, Any] = {"seen": seen, "cap": _CHANGES_MAX}
+            params: dict[str, Any] = {"seen": self._changes, "cap": _CHANGES_MAX}
             if missing:
                 params.update(missing=json.dumps(missing), now=now)
             rows = self._db.execute(_LIVE if missing else _CHANGED, params).fetchall()
-            self._caught_up(rows, seen, ids, missing)
+            self._caught_up(rows, ids, missing)
             return cache.held(ids, now)
 
-    def _caught_up(
-        self, rows: list[Any], seen: int, ids: AbstractSet[str], missing: list[str]
-    ) -> bool:
+    def _caught_up(self, rows: list[Any], ids: AbstractSet[str], missing: list[str]) -> bool:
         """Bring the liveness cache up to a statement's snapshot (`_CHANGED`, `_LIVE`,
-        `_VIEW`): its `x` rows are the source rows written since change `seen` (by any
+        `_VIEW`): its `x` rows are the source rows written since change `_changes` (by any
         connection, in change order), and each cached id among them takes its state there;
         its `l` rows are the held ones among the ids it asked (`missing`, which were not
         cached, and for `_VIEW` the sources of the entries it found), and the rest of
         `missing` is cached as not held. Exact: a row not among the `x` rows was not written
         since the cache last looked, so what the cache holds for it stands. At
-        `_CHANGES_MAX` of them there may be more, and when the first is not `seen + 1` the
-        log no longer reaches back (`_KEPT`): then the cache is dropped, and `ids` with the
+        `_CHANGES_MAX` of them there may be more: the cache is dropped, and `ids` with the
         rest asked are read again, with the highest change, in one statement of their own
         (`_ASK`: the same snapshot, so the cache is in step with it), and False is returned
         (the `x` rows were not all there were). Afterwards every one of `ids` and `missing`
@@ -1106,8 +1070,6 @@ class SQLiteStore:
         for r in rows:
             tag = r[0]
             if tag == "x":
-                if not changed and r[1] != seen + 1:
-                    changed = _CHANGES_MAX  # (what came between is gone from the log)
                 changed += 1
                 self._changes = max(self._changes, int(r[1]))
                 source_id = _text(r[3])
@@ -1338,7 +1300,7 @@ class SQLiteStore:
             since = [r for r in rows if r[0] == "s"]
             if since:
                 self._head = max(self._head, since[-1][1])
-            if self._caught_up(rows, seen, ids, missing) and held is not None and known is not None:
+            if self._caught_up(rows, ids, missing) and held is not None and known is not None:
                 live, until = self._held_since(rows, ids, held, known[1], now)
             else:  # (after a capped scan `_caught_up` read every one of `ids` afresh)
                 live = cache.held(ids, now)
@@ -1388,10 +1350,9 @@ class SQLiteStore:
     ) -> tuple[frozenset[str], float]:
         """Those of `ids` held at `now`, and the earliest expiry among them, when every one
         of `held.ids` was held at the change the statement's scan started from, none of them
-        expiring before `until`: the `x` rows (every write to a source row since, in order:
-        an id written twice has two, and its last decides) say which of them died or were
-        held again, and `held.rest` is read from the cache (`_caught_up` cached every one of
-        it)."""
+        expiring before `until`: the `x` rows (every source row written since) say which of
+        them died or were held again, and `held.rest` is read from the cache (`_caught_up`
+        cached every one of it)."""
         dead: set[str] = set()
         for r in rows:
             if r[0] == "x":
@@ -1400,9 +1361,8 @@ class SQLiteStore:
                     expires = _FOREVER if r[4] is None else r[4]
                     if r[2] != "live" or expires <= now:
                         dead.add(source_id)
-                    else:
-                        dead.discard(source_id)
-                        until = min(until, expires)
+                    elif expires < until:
+                        until = expires
         if held.rest:
             cache = self._expiry
             rest = cache.held(held.rest, now)
@@ -1435,12 +1395,10 @@ class SQLiteStore:
 
 #: The source rows written since change `:seen`, oldest first (at most `:cap`: at `:cap`
 #: there may be more), as rows (x, change, state, source id, expiry), for
-#: `SQLiteStore._caught_up`: from the log of the newest changes (`changes`, schema 6), so right
-#: after another connection's commit (which empties SQLite's page cache) a lookup in step with
-#: the file reads page 1 and that small table's two levels, not the 10^6-row tables' three or
-#: four (`sources_change` and `sources`). When the log no longer reaches back to `:seen`, the
-#: first row is not `:seen + 1` (`_caught_up` then reads every id again).
-_X = """SELECT 'x', change, state, id, expires FROM changes WHERE change > :seen
+#: `SQLiteStore._caught_up`: found by the `sources_change` index, so a cache in step with the
+#: file costs one index probe. Nothing else is read, so right after another connection's
+#: commit (which empties SQLite's page cache) a lookup reads page 1 and that index's few pages.
+_X = """SELECT 'x', change, state, id, expires FROM sources WHERE change > :seen
 ORDER BY change LIMIT :cap"""
 _CHANGED = _X
 #: `_HELD` rows (l, expiry, NULL, source id, NULL): the held ones among the ids of `ask`.
@@ -1454,7 +1412,7 @@ UNION ALL
 #: `SQLiteStore._ask`: the highest change number (m) and the held ones among `:ids`, in one
 #: snapshot.
 _ASK = f"""WITH ask (id) AS (SELECT value FROM json_each(:ids))
-SELECT 'm', {_LAST_CHANGE}, NULL, NULL, NULL
+SELECT 'm', max(change), NULL, NULL, NULL FROM sources
 UNION ALL
 {_HELD}"""
 

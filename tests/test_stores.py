@@ -368,7 +368,7 @@ class TestSQLite:
         db.executescript("DROP TABLE facts; PRAGMA user_version = 2;")
         db.close()
         with SQLiteStore(path) as store:
-            assert store._db.execute("PRAGMA user_version").fetchone()[0] == 6
+            assert store._db.execute("PRAGMA user_version").fetchone()[0] == 5
             assert store.get_source("cfg") == "retry_ceiling: 7"
             entry = summary(store, "retries are capped at 7", sources=("cfg",))
             store.put_summary(entry, "retries are capped at 7", [("n:7", ("cfg",))])
@@ -397,9 +397,9 @@ class TestSQLite:
             """
         )
         db.close()
-        for _ in range(2):  # migrating once, then opening a version-6 file
+        for _ in range(2):  # migrating once, then opening a version-5 file
             with SQLiteStore(path) as store:
-                assert store._db.execute("PRAGMA user_version").fetchone()[0] == 6
+                assert store._db.execute("PRAGMA user_version").fetchone()[0] == 5
                 for source_id, state in (("held", "live"), ("gone", "evicted")):
                     with pytest.raises(SourceIdConflictError, match=f"now {state}"):
                         store.put_source(Source(source_id, "config_read"), "another text")
@@ -479,6 +479,23 @@ class TestAnotherConnectionsWrites:
         assert other.live(["s1"]) == {"s1"} and mine.get_source("s1") == "text s1"
         mine.evict("s1")
         assert other.live(["s1"]) == frozenset()
+
+    def test_a_hand_made_rename_is_refused(self, tmp_path: Path) -> None:
+        """Renamed by hand, a source's old id would vanish with no change under it: another
+        connection would go on answering it live (a wrong allow). The file refuses it, in a
+        schema-5 file made before the refusal too; writing the row under its own id is seen."""
+        mine = SQLiteStore(tmp_path / "ph.db")
+        mine.put_source(Source("a", "tool_output"), "text a")
+        db = sqlite3.connect(tmp_path / "ph.db", isolation_level=None)
+        db.execute("DROP TRIGGER sources_named")  # as policyhook 5 left the file
+        SQLiteStore(tmp_path / "ph.db").close()  # any later open makes it again
+        assert mine.live(["a"]) == {"a"}
+        with pytest.raises(sqlite3.IntegrityError, match="keeps its id"):
+            db.execute("UPDATE sources SET id = 'b' WHERE id = 'a'")
+        assert mine.live(["a", "b"]) == {"a"}
+        db.execute("UPDATE sources SET id = 'a', text = NULL, state = 'evicted' WHERE id = 'a'")
+        db.close()
+        assert mine.live(["a"]) == frozenset()
 
     def test_a_put_is_seen_live_at_once(self, tmp_path: Path) -> None:
         """An id cached as not held (asked before it was put) is live once another
@@ -622,15 +639,14 @@ class TestAnotherConnectionsWrites:
         db.executescript(
             """
             DROP TRIGGER sources_put; DROP TRIGGER sources_changed; DROP INDEX sources_change;
-            DROP TRIGGER sources_named; DROP TABLE changes;
             ALTER TABLE sources DROP COLUMN change; DELETE FROM meta WHERE key = 'change';
             PRAGMA user_version = 4;
             """
         )
         db.close()
-        for _ in range(2):  # migrating once, then opening a version-6 file
+        for _ in range(2):  # migrating once, then opening a version-5 file
             mine, other = SQLiteStore(path), SQLiteStore(path)
-            assert mine._db.execute("PRAGMA user_version").fetchone()[0] == 6
+            assert mine._db.execute("PRAGMA user_version").fetchone()[0] == 5
             assert mine.states(["a", "b"]) == {"a": "live", "b": "evicted"}
             assert mine.live(["a", "b"]) == {"a"}
             other.evict("a")
