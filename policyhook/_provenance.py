@@ -599,7 +599,14 @@ class Store(Protocol):
 
     def put_source(self, source: Source, text: str) -> None:
         """Hold `text` under `source.id` (re-putting an id replaces it, reviving an evicted one)
-        and index it by digest and anchor."""
+        and index it by digest and anchor.
+
+        Optional: a store may offer `put_source_hashed(source, text, text_digest)`, this given
+        the text's keyed digest under its secret (`digest(secret, encode(text))`), which the
+        ledger has made already, so the text is not hashed again; the ledger then calls it in
+        place of this, if the store's class defines it (not a wrapper passing attributes on).
+        It must be this exactly (MemoryStore's calls a `put_source` overridden by a subclass
+        or on the instance)."""
 
     def get_source(self, source_id: str) -> str | None:
         """Give the original back, or None when it is gone (evicted, expired or never put)."""
@@ -735,6 +742,11 @@ class Ledger:
         # closure (`_Closures.as_of`). One, not a map: each holds a k-sized set alive.
         self._all_held: tuple[str, AbstractSet[str], object] | None = None
         self._takes_held = _takes_held(store)  # whether `store.view` takes `held`
+        # `put_source` given the digest made here, if the store's class offers it (optional;
+        # not a wrapper's `__getattr__` passing it on past its own `put_source`)
+        self._put_hashed: Any = None
+        if hasattr(type(store), "put_source_hashed"):
+            self._put_hashed = store.put_source_hashed  # type: ignore[attr-defined]
         self._region_ids: dict[str, str] = {}  # joined digests of recent inputs -> region id
         # Recent messages and recorded texts -> their digests (`_message_digests`).
         self._hashed: dict[str, tuple[str, str | None]] = {}
@@ -782,7 +794,7 @@ class Ledger:
         source = Source(id=source_id or f"{kind}:{key[:16]}", kind=kind)
         carried = self._carried(text, data, key, source, window)
         if carried is None:
-            self.store.put_source(source, text)  # refused if the id names another text
+            self._put_source(source, text, key)  # refused if the id names another text
             with self._lock:
                 entry = Entry.of_source(self._hashes, source, text, key)
                 self._learn(entry, data)
@@ -793,7 +805,7 @@ class Ledger:
         self._refuse_taken(source, carried.digest)
         entry = self._put_summary(carried, text)
         try:
-            self.store.put_source(source, text)  # stores keep a summary's entry over its text
+            self._put_source(source, text, key)  # stores keep a summary's entry over its text
         except SourceIdConflictError:
             # Another process took the id between the check and the write. A quoting text's
             # record (its own id) counts on that id for the text around the summaries it
@@ -833,6 +845,13 @@ class Ledger:
                 if stored is not entry and stored != entry:  # merged with another record
                     self._learn(stored, encode(text))
                     self._closures.pop(stored.id)
+
+    def _put_source(self, source: Source, text: str, text_digest: str) -> None:
+        """`store.put_source`, handed the text's digest if it takes it (not hashed again)."""
+        if self._put_hashed is None:
+            self.store.put_source(source, text)
+        else:
+            self._put_hashed(source, text, text_digest)
 
     def _refuse_taken(self, source: Source, text_digest: str) -> None:
         """Raise `SourceIdConflictError` when `source.id` is known to name another text than

@@ -240,7 +240,18 @@ class MemoryStore:
             self._bury(source_id, "expired")
 
     def put_source(self, source: Source, text: str) -> None:
-        entry = Entry.of_source(self._hashes, source, text)
+        self._put_source(source, text, None)
+
+    def put_source_hashed(self, source: Source, text: str, text_digest: str) -> None:
+        """`put_source` given the text's keyed digest, made already by the ledger: not hashed
+        again. A `put_source` overridden (by a subclass, or on the instance) is called instead."""
+        if type(self).put_source is MemoryStore.put_source and "put_source" not in self.__dict__:
+            self._put_source(source, text, text_digest)
+        else:
+            self.put_source(source, text)
+
+    def _put_source(self, source: Source, text: str, text_digest: str | None) -> None:
+        entry = Entry.of_source(self._hashes, source, text, text_digest)
         with self._lock:
             now = time.monotonic()
             self._expire(now)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from unittest import mock
 
 import pytest
@@ -15,7 +15,7 @@ from index_history import known_texts, replay
 
 from policyhook import Guard, MemoryStore, Region, Source, SQLiteStore, _index, _provenance
 from policyhook._index import _BATCH, _LARGE_INPUT, Index
-from policyhook._provenance import Ledger
+from policyhook._provenance import Entry, Ledger
 from policyhook.testing import capture_decisions
 
 ALLOW_ALL = """
@@ -409,6 +409,78 @@ class TestHashedOnce:
             region = ledger.resolve([turn], "w").region
         assert data not in hashed
         assert region.sources == frozenset({"turn-1"}) and region.depth == 0
+
+    @pytest.mark.parametrize("tail", ["", "  \n", "\t"])
+    def test_the_store_is_handed_the_digest_the_ledger_made(self, tail: str) -> None:
+        """MemoryStore takes the turn's digest from the ledger (`put_source_hashed`) and
+        hashes nothing itself; the entry it holds is the one it makes by hashing, so the turn
+        is found by its own digest (the whole text's, whitespace and all) and anchor."""
+        store = MemoryStore()
+        ledger = Ledger(store)
+        turn = source_text(4) + " and a tail" + tail
+        data = turn.encode()
+        hashed: list[bytes] = []
+        real = _provenance.KeyedHashes.digest
+
+        def counted(hashes: _provenance.KeyedHashes, text: bytes | memoryview) -> str:
+            hashed.append(bytes(text))
+            return real(hashes, text)
+
+        with mock.patch.object(_provenance.KeyedHashes, "digest", counted):
+            ledger.record_source(turn, "user_turn", "turn-1")
+        assert data not in hashed
+        expected = Entry.of_source(store.secret(), Source("turn-1", "user_turn"), turn)
+        key = store.secret()
+        assert store.lookup([_provenance.digest(key, data)]) == {expected.digest: expected}
+        assert store.by_anchor([_provenance.anchor_of(key, data) or ""]) == [expected]
+        assert ledger.resolve([turn], "w").region.sources == frozenset({"turn-1"})
+
+    def test_a_put_source_overridden_is_called(self) -> None:
+        """A `put_source` overridden, by a subclass, on the instance (after the ledger was
+        made) or by a wrapper passing every other attribute on, is what the ledger's records
+        call, given no digest: it hashes the text itself."""
+
+        class Counting(MemoryStore):
+            calls: ClassVar[list[str]] = []
+
+            def put_source(self, source: Source, text: str) -> None:
+                self.calls.append(source.id)
+                super().put_source(source, text)
+
+        turn = source_text(5) + " and its tail"
+        store = Counting()
+        Ledger(store).record_source(turn, "user_turn", "turn-1")
+        assert Counting.calls == ["turn-1"]
+        patched = MemoryStore()
+        ledger = Ledger(patched)
+        calls: list[str] = []
+        put = patched.put_source
+
+        def counting(source: Source, text: str) -> None:
+            calls.append(source.id)
+            put(source, text)
+
+        patched.put_source = counting  # type: ignore[method-assign]
+        ledger.record_source(turn, "user_turn", "turn-1")
+        assert calls == ["turn-1"]
+
+        class Wrapper:  # passes every other attribute on, `put_source_hashed` too
+            def __init__(self, inner: MemoryStore) -> None:
+                self.inner = inner
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self.inner, name)
+
+            def put_source(self, source: Source, text: str) -> None:
+                calls.append(f"wrapped {source.id}")
+                self.inner.put_source(source, text)
+
+        wrapped = MemoryStore()
+        Ledger(Wrapper(wrapped)).record_source(turn, "user_turn", "turn-1")
+        assert calls == ["turn-1", "wrapped turn-1"]
+        for held in (store, patched, wrapped):
+            found = held.lookup([_provenance.digest(held.secret(), turn.encode())])
+            assert [e.id for e in found.values()] == ["turn-1"]
 
 
 class TestRememberedSplits:

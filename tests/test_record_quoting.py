@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policyhook import MemoryStore, Region
-from policyhook._provenance import Ledger
+from policyhook._provenance import KeyedHashes, Ledger
 
 WORDS = ["retry", "ceiling", "vault", "jitter", "backoff", "ok", "zone", "key", "the"]
 _SECRET = b"s" * 32
@@ -34,6 +34,7 @@ _STEP = st.one_of(
 def _ledger(max_texts: int) -> Ledger:
     store = MemoryStore()
     store._secret = _SECRET  # both ledgers give every text the same digest and id
+    store._hashes = KeyedHashes(_SECRET)  # (the store's own hashes: keyed with it too)
     return Ledger(store, max_texts=max_texts)
 
 
