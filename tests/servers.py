@@ -331,8 +331,9 @@ def _pg_ready(port: int) -> Callable[[], bool]:
 def redis(root: Path | None = None) -> Restartable:
     """A new Redis on 127.0.0.1 and a free port, started, with an append-only file in a temp dir.
 
-    appendonly: a killed and restarted Redis still has every write it acknowledged (the AOF is
-    written before the reply; only a machine crash could lose the last second).
+    appendfsync always: a killed and restarted Redis still has every write it acknowledged. With
+    the default `everysec`, a busy disk makes Redis postpone the AOF write (up to 2 s) while it
+    still replies, so a SIGKILL can lose acknowledged writes (seen once in a full run).
     """
     binary = executable("redis-server", "Redis", SETUP_HINT)
     base = _owned_tempdir("policyhook-redis-", None) if root is None else root
@@ -342,7 +343,8 @@ def redis(root: Path | None = None) -> Restartable:
     managed = Restartable(
         "redis",
         [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
-         "--appendonly", "yes", "--save", "", "--protected-mode", "no", "--daemonize", "no"],
+         "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "no",
+         "--daemonize", "no"],
         url=f"redis://127.0.0.1:{port}/0",
         data=data,
         ready=_tcp_answer(port, b"PING\r\n", b"+PONG"),
@@ -373,7 +375,7 @@ def redis_cluster(size: int = 3) -> list[Restartable]:
             f"redis-cluster-{len(nodes)}",
             [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
              "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-             "--appendonly", "yes", "--save", "", "--protected-mode", "no"],
+             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "no"],
             url=f"redis://127.0.0.1:{port}/0",
             data=data,
             ready=_tcp_answer(port, b"PING\r\n", b"+PONG"),

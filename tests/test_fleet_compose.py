@@ -53,7 +53,9 @@ class TestComposeFleetProfile:
             volumes = fleet[name]["volumes"]
             assert any(v.split(":")[0] in compose["volumes"] for v in volumes), name
             assert fleet[name]["healthcheck"]["test"], name
-        assert "--appendonly" in fleet["redis"]["command"]
+        command = fleet["redis"]["command"]
+        assert command[command.index("--appendonly") + 1] == "yes"
+        assert command[command.index("--appendfsync") + 1] == "always"  # acknowledged = on disk
 
     def test_demo_workers_share_the_postgres_service(self, compose: dict[str, Any]) -> None:
         """The fleet demo's POLICYHOOK_STORE names the postgres service with its credentials, and waits for it healthy."""
