@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from policyhook import _fork
 from policyhook._errors import StoreUnavailableError
@@ -781,9 +781,19 @@ class SQLiteStore:
     says no other connection wrote.
     """
 
-    def __init__(self, path: str | Path, *, ttl: float | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        ttl: float | None = None,
+        synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
+    ) -> None:
         if ttl is not None and ttl <= 0:
             raise ValueError(f'"ttl" must be > 0 seconds: {ttl}')
+        if synchronous not in ("NORMAL", "FULL"):
+            raise ValueError(f'"synchronous" must be "NORMAL" or "FULL": {synchronous!r}')
+        # NORMAL: a crashed process loses nothing, a power loss the last commits; FULL: neither
+        self.synchronous = synchronous
         self.path = Path(path)
         self._file = os.fspath(self.path)  # what `_check_file` stats
         self.ttl = ttl
@@ -799,7 +809,6 @@ class SQLiteStore:
         self._db = self._connect()
         with self._lock:
             _wal(self._db)
-            self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 version = self._db.execute("PRAGMA user_version").fetchone()[0]
@@ -863,11 +872,11 @@ class SQLiteStore:
         self._expiry.clear()
         self._token = object()  # (the parent's views' `as_of` are not taken here)
         self._db = self._connect()
-        self._db.execute("PRAGMA synchronous=NORMAL")
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         db.execute("PRAGMA busy_timeout=5000")
+        db.execute(f"PRAGMA synchronous={self.synchronous}")  # (one of two words, checked)
         db.execute(f"PRAGMA wal_autocheckpoint={_CHECKPOINT_PAGES}")
         return db
 

@@ -7,7 +7,7 @@ import sqlite3
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -25,7 +25,7 @@ from policyhook import (
 )
 from policyhook._errors import StoreUnavailableError
 from policyhook._provenance import anchor_of, digest, encode, text_id
-from policyhook.stores import Store
+from policyhook.stores import Store, open_store
 
 
 class TestMemoryStoreContract(StoreContract):
@@ -327,6 +327,27 @@ class TestSQLite:
         """ttl <= 0 is refused, naming the parameter and value."""
         with pytest.raises(ValueError, match='"ttl" must be > 0 seconds: 0'):
             SQLiteStore(tmp_path / "ph.db", ttl=0)
+
+    @pytest.mark.parametrize(("synchronous", "level"), [("NORMAL", 1), ("FULL", 2)])
+    def test_synchronous_is_every_connections(
+        self, tmp_path: Path, synchronous: Literal["NORMAL", "FULL"], level: int
+    ) -> None:
+        """`synchronous` is SQLite's on the store's connection, and on the one a forked child
+        makes (FULL: a commit is on disk before the call returns, so a power loss cannot take
+        a recorded summary back and leave it reading as an original)."""
+        store = open_store(f"sqlite:///{tmp_path / 'ph.db'}", synchronous=synchronous)
+        assert isinstance(store, SQLiteStore)
+        assert store._db.execute("PRAGMA synchronous").fetchone()[0] == level
+        store._after_fork()  # what a forked child runs first
+        assert store._db.execute("PRAGMA synchronous").fetchone()[0] == level
+        store.close()
+
+    def test_bad_synchronous_is_a_clear_error(self, tmp_path: Path) -> None:
+        """Another level (OFF would lose commits to a crashed OS) is refused before the file is
+        made, naming the option and value."""
+        with pytest.raises(ValueError, match='"synchronous" must be "NORMAL" or "FULL": \'OFF\''):
+            SQLiteStore(tmp_path / "ph.db", synchronous="OFF")  # type: ignore[arg-type]
+        assert not (tmp_path / "ph.db").exists()
 
     def test_schema_1_file_is_migrated(self, tmp_path: Path) -> None:
         """A store file written before normalisation keeps its sources and summaries."""
