@@ -1200,7 +1200,11 @@ class Ledger:
                 self._region_ids[joined] = region_id
         cached = self._summaries
         summaries: dict[str, None] = {}  # the summaries the input is made of, in order
-        parents: set[str] = set()  # those of them cached: the region rests on them by id
+        # Those of them the store holds (cached, or found in it now: `closures`): the region
+        # rests on them by id, so what they are later found to rest on too counts for it.
+        # Copying a closure instead would freeze it, and whether a part is still cached is
+        # the memory bound's choice, which must not change what a record rests on.
+        parents: set[str] = set()
         direct: list[AbstractSet[str]] = []  # the sources of every other part
         depth = chars = 0
         # The largest closure of a summary part found all held (`Held`): its part and as_of.
@@ -1216,7 +1220,7 @@ class Ledger:
                     as_of = self._closures.as_of(part_id, sources)
                     if as_of is not None:
                         held_at, held_as_of, held_size = at, as_of, size
-                if part_id in cached:
+                if part_id in cached or part_id in closures:
                     parents.add(part_id)
                     continue
             direct.append(sources)

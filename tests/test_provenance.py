@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -13,7 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from index_history import known_texts, replay
 
-from policyhook import Guard, MemoryStore, Region, Source, SQLiteStore, _index, _provenance
+from policyhook import (
+    Guard,
+    MemoryStore,
+    Region,
+    Source,
+    SQLiteStore,
+    UnsafeRecompactionError,
+    _index,
+    _provenance,
+)
 from policyhook._index import _BATCH, _LARGE_INPUT, Index
 from policyhook._provenance import Entry, Ledger
 from policyhook.testing import capture_decisions
@@ -259,6 +269,37 @@ class TestExactWhateverIsCached:
         assert guard.store.live(embedded.sources) >= {ids[0]}
         region = guard.ledger.resolve(all_shapes(source_text(1))[3], "w").region
         assert ids[1] in region.sources
+
+    @pytest.mark.parametrize("cache", [CACHE, 65_536])
+    def test_a_text_quoting_one_rests_on_it_by_id_cached_or_not(
+        self, compile_policy: Callable[[str], Any], cache: int
+    ) -> None:
+        """Regression (found by a deep Hypothesis run of test_record_quoting): a turn quoting a
+        summary-bearing turn among more known texts than the cache holds copied that turn's
+        closure (the turn had left the cache while the quoting one was resolved), so what the
+        quoted text was later found to rest on too (recorded again as a summary of another
+        source, since evicted) did not count, and re-summarizing the quoting turn was allowed.
+        With the quoted turn still cached it was linked by id and refused; now always."""
+        guard = Guard(compile_policy(DEFAULT_LIKE))
+        guard.ledger = ledger = Ledger(guard.store, max_texts=cache)
+        config = source_text(0)
+        ledger.record_source(config, "tool_output", "cfg")
+        ledger.record_summary(summary_text(0), ledger.resolve(config, "w").region, "w")
+        quoted = f"{summary_text(0)} {config}"  # a turn quoting the summary and its source
+        ledger.record_source(quoted, "turn", "t-quoted")
+        outputs = [source_text(i) for i in range(10, 10 + 2 * self.CACHE)]
+        for i, text in enumerate(outputs):
+            ledger.record_source(text, "tool_output", f"out{i}")
+        quoting = " ".join([quoted, *outputs])  # 2x the small cache's texts, known
+        ledger.record_source(quoting, "turn", "t-quoting")
+        ledger.record_source(source_text(2), "tool_output", "x")
+        ledger.record_summary(quoted, ledger.resolve(source_text(2), "w").region, "w")
+        guard.store.evict("x")
+
+        for reader in (ledger, Ledger(guard.store, max_texts=cache)):  # this process, a cold one
+            assert "x" in reader.resolve(quoting, "w").region.sources
+        with pytest.raises(UnsafeRecompactionError):
+            guard(lambda text: "Summary: the outputs were read.", summarizer="s")(quoting)
 
     def test_more_whole_messages_than_the_cache_holds(self) -> None:
         """An input of 300 known short summaries (whole messages, no anchor) read by a process

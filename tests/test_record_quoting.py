@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 from unittest import mock
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from policyhook import MemoryStore, Region
@@ -41,6 +41,16 @@ def _ledger(max_texts: int) -> Ledger:
 class TestRecordedAsResolvingWhole:
     @settings(max_examples=150, deadline=None)
     @given(steps=st.lists(_STEP, min_size=1, max_size=25), max_texts=st.sampled_from([3, 1000]))
+    @example(  # a turn quoting a summary-bearing turn the 3-text cache dropped meanwhile
+        steps=[
+            ("source", ["retry", "retry", "retry"]),
+            ("summary", [0]),
+            ("turn", [("known", 1, ""), ("known", 0, "")]),
+            ("source", ["retry"]),
+            ("turn", [("known", 2, ""), ("known", 0, "")]),
+        ],
+        max_texts=3,
+    )
     def test_each_text_is_recorded_as_when_resolved_whole(
         self, steps: list[tuple[Any, ...]], max_texts: int
     ) -> None:

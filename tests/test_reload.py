@@ -182,8 +182,8 @@ class TestHostileEdits:
         good = watcher.current
         os.mkfifo(policy_dir / "late.yaml")
         failed = threading.Event()
-        for _ in range(250):
-            if watcher.last_error is not None:
+        for _ in range(250):  # (the listener is told after `last_error` is set: wait for both)
+            if watcher.last_error is not None and outcomes:
                 failed.set()
                 break
             failed.wait(0.02)
