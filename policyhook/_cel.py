@@ -10,6 +10,7 @@ chooses between them.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import logging
 import math
@@ -348,6 +349,34 @@ def _uint(value: Any) -> Any:
     return celtypes.UintType(value)
 
 
+def _string(value: Any) -> Any:
+    """CEL's `string()`: a bool is "true"/"false", a duration and a timestamp keep their
+    fraction (0, 3 or 6 digits) and a timestamp is written in UTC, as protobuf's JSON form and
+    cel-expr-python give them (cel-python writes Python's "True", drops fractions, so -1.5s is
+    "-1s", and keeps the timestamp's offset)."""
+    if isinstance(value, celtypes.BoolType):
+        return celtypes.StringType("true" if value else "false")
+    if isinstance(value, celtypes.DurationType):
+        micros = (value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds
+        seconds, fraction = divmod(abs(micros), 1_000_000)
+        sign = "-" if micros < 0 else ""
+        return celtypes.StringType(f"{sign}{seconds}{_fraction(fraction)}s")
+    if isinstance(value, celtypes.TimestampType):
+        utc = value.astimezone(datetime.UTC) if value.tzinfo else value
+        return celtypes.StringType(
+            f"{utc.year:04d}-{utc.month:02d}-{utc.day:02d}T{utc.hour:02d}:{utc.minute:02d}:"
+            f"{utc.second:02d}{_fraction(utc.microsecond)}Z"
+        )
+    return celtypes.StringType(value)
+
+
+def _fraction(micros: int) -> str:
+    """Protobuf JSON's fraction of a second: none, milliseconds or microseconds."""
+    if micros == 0:
+        return ""
+    return f".{micros // 1000:03d}" if micros % 1000 == 0 else f".{micros:06d}"
+
+
 #: cel-python functions replaced where cel-python departs from CEL (and from cel-expr-python).
 _FUNCTIONS: dict[str, Any] = {
     "_[_]": _index,
@@ -355,6 +384,7 @@ _FUNCTIONS: dict[str, Any] = {
     "_/_": _divide,
     "int": _int,
     "uint": _uint,
+    "string": _string,
 }
 
 # The compiled runner calls functions by `module.qualname` from celpy.evaluation's namespace:
