@@ -445,7 +445,13 @@ class TestStringConversions:
         slow, fast = load(rule, SLOW), load(rule, FAST)
         assert slow is not None and fast is not None
         for region_id in ("cfg-1", "zone-1"):
-            region = {"id": region_id, "kind": "original", "depth": 0, "sources": [], "chars": 5}
+            region: dict[str, Any] = {
+                "id": region_id,
+                "kind": "original",
+                "depth": 0,
+                "sources": [],
+                "chars": 5,
+            }
             region.update(live_sources=[], dead_sources=[], source_kinds=[], tokens=1)
             act = {
                 "region": region,
