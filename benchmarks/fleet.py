@@ -67,7 +67,9 @@ def prepare(kind: str, where: str, name: str) -> str:
     guard.record_source(turn, kind="user_turn", source_id="turn")  # held: the decision grants
 
     def summarize(messages: list[str]) -> str:
-        return f"Summary: {len(messages)} tool runs, all exit 0; outputs in /tmp/out-*.json."
+        # Every number is in a source: the default policy's output check grants it
+        last = len(messages) - 1
+        return f"Summary: runs 0 to {last} exit 0; run {last} took {last * 7} ms."
 
     with request(window=WINDOW):
         summary = str(guard(summarize, summarizer="compact")(sources))

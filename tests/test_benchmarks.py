@@ -1,0 +1,64 @@
+"""The benchmark scripts run: each one's quick mode, from the checkout, prints all its tables.
+
+Nothing is timed here (benchmarks/README.md has the figures, from full runs). What this catches
+is a script that no longer runs: fleet.py crashed once the default policy checked outputs (its
+summary stated a number no source stated), and no test ran it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import servers
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _run(script: str, *args: str, timeout: float = 600) -> str:
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=BENCHMARKS.parent,
+    )
+    assert done.returncode == 0, f"{script} {' '.join(args)}:\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def test_run_prints_every_section() -> None:
+    """`benchmarks/run.py --quick`: every section's heading and a table under each."""
+    out = _run("run.py", "--quick")
+    sections = [line for line in out.splitlines() if line.startswith("### ")]
+    for heading in (
+        "### Policy engine",
+        "### Guard: full overhead",
+        "### Agent loop",
+        "### Liveness of 1,000 ids on a large SQLite store",
+        "### Provenance: recording a new turn every call",
+        "### `policyhook replay` throughput",
+    ):
+        assert any(s.startswith(heading) for s in sections), heading
+    for block in out.split("\n### ")[1:]:
+        assert "\n|---" in block, block.splitlines()[0]
+
+
+def test_grounding_prints_every_section() -> None:
+    """`benchmarks/grounding.py --quick`: speed, accuracy, real summaries and memory."""
+    out = _run("grounding.py", "--quick")
+    for heading in ("## Speed", "## Accuracy", "## Real compaction summaries", "## Memory"):
+        assert heading in out, heading
+
+
+def test_fleet_decides_on_every_store(
+    postgres: servers.Restartable, redis: servers.Restartable
+) -> None:
+    """`benchmarks/fleet.py --quick` on this suite's servers: a row per store, the default
+    policy granting every decision (the script asserts it)."""
+    out = _run(
+        "fleet.py", "--quick", "--workers", "1", "--postgres", postgres.url, "--redis", redis.url
+    )
+    for store in ("sqlite", "postgres", "redis"):
+        assert f"| {store} | 1 |" in out, store
