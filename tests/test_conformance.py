@@ -445,16 +445,18 @@ class TestStringConversions:
         slow, fast = load(rule, SLOW), load(rule, FAST)
         assert slow is not None and fast is not None
         for region_id in ("cfg-1", "zone-1"):
-            region: dict[str, Any] = {
-                "id": region_id,
-                "kind": "original",
-                "depth": 0,
-                "sources": [],
-                "chars": 5,
-            }
-            region.update(live_sources=[], dead_sources=[], source_kinds=[], tokens=1)
             act = {
-                "region": region,
+                "region": {
+                    "id": region_id,
+                    "kind": "original",
+                    "depth": 0,
+                    "sources": [],
+                    "live_sources": [],
+                    "dead_sources": [],
+                    "source_kinds": [],
+                    "tokens": 1,
+                    "chars": 5,
+                },
                 "request": {"trigger": "automatic", "budget_pressure": 0.5, "attempt": 1},
                 "window": {"id": "w", "tokens": 5, "budget": 0, "max_depth": 0},
                 "summarizer": {"name": "", "lossless": False, "idempotent": False},
