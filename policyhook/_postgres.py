@@ -34,6 +34,7 @@ from policyhook._provenance import (
     State,
     View,
 )
+from policyhook.stores import check_seconds
 
 if TYPE_CHECKING:
     import psycopg
@@ -166,10 +167,9 @@ class PostgresStore:
             raise ValueError(
                 f'"schema" must be a lowercase SQL identifier ([a-z_][a-z0-9_]*): {schema!r}'
             )
-        if ttl is not None and ttl <= 0:
-            raise ValueError(f'"ttl" must be > 0 seconds: {ttl}')
-        if timeout <= 0:
-            raise ValueError(f'"timeout" must be > 0 seconds: {timeout}')
+        if ttl is not None:
+            check_seconds("ttl", ttl)
+        check_seconds("timeout", timeout)
         if pool_size < 1:
             raise ValueError(f'"pool_size" must be >= 1: {pool_size}')
         psycopg, (pool_module, connection_class) = _driver()

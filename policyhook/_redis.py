@@ -32,6 +32,7 @@ from policyhook._provenance import (
     State,
     View,
 )
+from policyhook.stores import check_seconds
 
 #: The layout version this code writes, kept in `{ns}:meta`. 1: the store; 2: per-fact
 #: provenance (`facts:S` keys); 3: a source id names one text (`put_source` compares the digest
@@ -498,10 +499,9 @@ class RedisStore:
             raise ValueError('RedisStore needs exactly one of "url" or "client"')
         if not _NAMESPACE.fullmatch(namespace):
             raise ValueError(f'"namespace" must match [A-Za-z0-9_.:-]{{1,64}}: {namespace!r}')
-        if ttl is not None and ttl <= 0:
-            raise ValueError(f'"ttl" must be > 0 seconds: {ttl}')
-        if timeout <= 0:
-            raise ValueError(f'"timeout" must be > 0 seconds: {timeout}')
+        if ttl is not None:
+            check_seconds("ttl", ttl)
+        check_seconds("timeout", timeout)
         try:
             import redis
             from redis.backoff import NoBackoff

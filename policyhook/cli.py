@@ -31,6 +31,7 @@ STORE_ENV = "POLICYHOOK_STORE"
 CLAUDE_STORE_ENV = "POLICYHOOK_CLAUDE_STORE"
 AUTO_REFUSAL_ENV = "POLICYHOOK_CLAUDE_ON_AUTO_REFUSAL"
 TIME_BUDGET_ENV = "POLICYHOOK_CLAUDE_TIME_BUDGET"
+SYNCHRONOUS_ENV = "POLICYHOOK_CLAUDE_STORE_SYNCHRONOUS"
 STATE_DIR_ENV = "POLICYHOOK_GROUNDING_DIR"
 #: The policy sets `policyhook init` writes: shipped as package data under policyhook/policy_sets/
 #: and kept identical to policies/ in the repository (tests/test_policy_sets.py).
@@ -336,6 +337,14 @@ def _precompact_parser() -> argparse.ArgumentParser:
         f"{hook.DEFAULT_STORE})",
     )
     parser.add_argument(
+        "--store-synchronous",
+        choices=("NORMAL", "FULL"),
+        default=_env(SYNCHRONOUS_ENV, "NORMAL"),
+        help="SQLite's synchronous for the store: NORMAL (default) loses nothing to a crashed "
+        "process, FULL nothing to a power loss either, for an fsync per record "
+        f"(default: ${SYNCHRONOUS_ENV} or NORMAL)",
+    )
+    parser.add_argument(
         "--decision-log", type=Path, help="append one JSON line per decision to this file"
     )
     parser.add_argument(
@@ -389,12 +398,15 @@ def _claude_precompact(argv: Sequence[str]) -> int:
 
     try:
         args = _precompact_parser().parse_args(argv)
-        if args.on_auto_refusal not in hook.AUTO_REFUSALS:  # argparse checks no default
-            choices = ", ".join(map(repr, hook.AUTO_REFUSALS))
-            raise HookUsageError(
-                f"argument --on-auto-refusal (from ${AUTO_REFUSAL_ENV}): invalid choice: "
-                f"{args.on_auto_refusal!r} (choose from {choices})"
-            )
+        for option, variable, choices in (  # argparse checks no default
+            ("on_auto_refusal", AUTO_REFUSAL_ENV, hook.AUTO_REFUSALS),
+            ("store_synchronous", SYNCHRONOUS_ENV, ("NORMAL", "FULL")),
+        ):
+            if getattr(args, option) not in choices:
+                raise HookUsageError(
+                    f"argument --{option.replace('_', '-')} (from ${variable}): invalid choice: "
+                    f"{getattr(args, option)!r} (choose from {', '.join(map(repr, choices))})"
+                )
     except HookUsageError as exc:
         hook.undecided(f"bad command line: {exc}", sys.stdout)
         return HookExit.ANSWERED
@@ -403,6 +415,7 @@ def _claude_precompact(argv: Sequence[str]) -> int:
     options = hook.Options(
         policies=args.policies,
         store=args.store,
+        store_synchronous=args.store_synchronous,
         decision_log=args.decision_log,
         on_auto_refusal=args.on_auto_refusal,
         state_dir=args.state_dir,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import os
 import sqlite3
 import threading
@@ -70,6 +71,15 @@ def _names_only(source: Source, text_digest: str) -> bool:
     return source.kind == UNREGISTERED and head == UNREGISTERED and len(tail) == 16
 
 
+def check_seconds(name: str, value: float) -> None:
+    """A store's `ttl` or `timeout` is a finite number of seconds > 0: NaN passes `<= 0` and
+    then reads as "never expires" in one store and "expired at once" in another."""
+    if not value > 0:
+        raise ValueError(f'"{name}" must be > 0 seconds: {value}')
+    if value == math.inf:
+        raise ValueError(f'"{name}" must be finite: {value} (None: no {name})')
+
+
 class MemoryStore:
     """A process-local store: for tests, demos and runtimes that keep originals in memory.
 
@@ -101,8 +111,8 @@ class MemoryStore:
     ) -> None:
         if max_sources is not None and max_sources < 1:
             raise ValueError(f'"max_sources" must be >= 1: {max_sources}')
-        if ttl is not None and ttl <= 0:
-            raise ValueError(f'"ttl" must be > 0 seconds: {ttl}')
+        if ttl is not None:
+            check_seconds("ttl", ttl)
         if max_tombstones is not None and max_tombstones < 0:
             raise ValueError(f'"max_tombstones" must be >= 0: {max_tombstones}')
         if max_ids is not None and max_ids < 0:
@@ -788,8 +798,8 @@ class SQLiteStore:
         ttl: float | None = None,
         synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
     ) -> None:
-        if ttl is not None and ttl <= 0:
-            raise ValueError(f'"ttl" must be > 0 seconds: {ttl}')
+        if ttl is not None:
+            check_seconds("ttl", ttl)
         if synchronous not in ("NORMAL", "FULL"):
             raise ValueError(f'"synchronous" must be "NORMAL" or "FULL": {synchronous!r}')
         # NORMAL: a crashed process loses nothing, a power loss the last commits; FULL: neither
@@ -1499,12 +1509,40 @@ def _wal(db: sqlite3.Connection, timeout: float = 5.0) -> None:
             time.sleep(0.01)
 
 
+def _sqlite_options(url: str, query: str, given: dict[str, Any]) -> dict[str, Any]:
+    """SQLiteStore's options from a `sqlite:` URL's query; anything else there is a clear error
+    (a misspelt `synchronus=FULL` silently ignored would leave commits a power loss takes back).
+    """
+    options: dict[str, Any] = {}
+    for field in query.split("&") if query else ():
+        name, equals, value = field.partition("=")
+        if not equals or not value:
+            raise ValueError(f"store URL {url!r}: {field!r} is not name=value")
+        if name in options or name in given:
+            raise ValueError(f"store URL {url!r}: {name!r} is given twice")
+        if name == "synchronous":
+            options[name] = value.upper()  # (SQLite's pragma words are case-insensitive)
+        elif name == "ttl":
+            try:
+                options[name] = float(value)
+            except ValueError:
+                raise ValueError(f"store URL {url!r}: ttl must be seconds: {value!r}") from None
+        else:
+            raise ValueError(
+                f"store URL {url!r}: unknown option {name!r} (a sqlite: URL takes synchronous "
+                "and ttl)"
+            )
+    return options
+
+
 def open_store(url: str, **options: Any) -> Store:
     """A store from a URL, for settings and command lines (`policyhook demo --store URL`).
 
     `postgresql://...` or `postgres://...`: PostgresStore; `redis://`, `rediss://`, `unix://`:
     RedisStore; `sqlite:///abs/path.db` or `sqlite:rel/path.db`: SQLiteStore; `memory:`:
     MemoryStore. `options` go to the store's constructor (ttl, timeout, schema, namespace...).
+    A `sqlite:` URL may carry SQLiteStore's own in its query (`?synchronous=FULL&ttl=86400`), for
+    places that take a URL only (`$POLICYHOOK_STORE`, `--store`).
     """
     scheme = url.partition(":")[0].lower()
     if scheme in ("postgresql", "postgres"):
@@ -1516,7 +1554,8 @@ def open_store(url: str, **options: Any) -> Store:
 
         return RedisStore(url, **options)
     if scheme == "sqlite":
-        path = url.partition(":")[2]
+        path, _, query = url.partition(":")[2].partition("?")
+        options = {**_sqlite_options(url, query, options), **options}
         return SQLiteStore(path[2:] if path.startswith("//") else path, **options)
     if url == "memory:":
         return MemoryStore(**options)

@@ -561,6 +561,13 @@ class TestClaudeHookOptions:
                 "(from $POLICYHOOK_CLAUDE_ON_AUTO_REFUSAL): invalid choice: 'sometimes'",
             ),
             ((), {"POLICYHOOK_CLAUDE_TIME_BUDGET": "soon"}, "not a number: 'soon'"),
+            (("--store-synchronous", "OFF"), {}, "invalid choice: 'OFF'"),
+            (
+                (),
+                {"POLICYHOOK_CLAUDE_STORE_SYNCHRONOUS": "off"},
+                "--store-synchronous (from $POLICYHOOK_CLAUDE_STORE_SYNCHRONOUS): invalid "
+                "choice: 'off' (choose from 'NORMAL', 'FULL')",
+            ),
             (("--store",), {}, "expected one argument"),
         ],
     )
@@ -591,6 +598,46 @@ class TestClaudeHookOptions:
         answer = json.loads(blocked.stdout)
         assert answer["decision"] == "block"
         assert answer["reason"].startswith("policyhook kept the context as it is")
+
+    @pytest.mark.parametrize(
+        ("options", "env", "level"),
+        [
+            ((), {}, 1),
+            (("--store-synchronous", "FULL"), {}, 2),
+            ((), {"POLICYHOOK_CLAUDE_STORE_SYNCHRONOUS": "FULL"}, 2),
+            (("--store-synchronous", "NORMAL"), {"POLICYHOOK_CLAUDE_STORE_SYNCHRONOUS": "FULL"}, 1),
+        ],
+    )
+    def test_precompact_store_synchronous_is_the_stores(
+        self,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+        options: tuple[str, ...],
+        env: dict[str, str],
+        level: int,
+    ) -> None:
+        """--store-synchronous FULL (or its variable) is SQLite's on the hook's store
+        connection: an archived original survives a power loss (the hook takes no URL)."""
+        import io
+
+        from policyhook import cli as policyhook_cli
+        from policyhook.adapters import claude_code
+        from policyhook.stores import SQLiteStore
+
+        levels: list[int] = []
+
+        class Recording(SQLiteStore):
+            def close(self) -> None:
+                levels.append(self._db.execute("PRAGMA synchronous").fetchone()[0])
+                super().close()
+
+        monkeypatch.setattr(claude_code, "SQLiteStore", Recording)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(self.precompact_input("fresh"))))
+        state = ("--store", str(tmp_path / "s.sqlite"), "--state-dir", str(tmp_path))
+        code = policyhook_cli.main(["claude-precompact", *state, *options])
+        assert code == 0 and levels == [level]
 
     def test_postcompact_usage_error_is_a_non_blocking_error(self, tmp_path: Path) -> None:
         """claude-postcompact runs after the compaction: a bad option exits 1, the reason on

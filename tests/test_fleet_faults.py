@@ -244,10 +244,14 @@ class TestOptions:
         [
             ({"ttl": 0}, '"ttl" must be > 0'),
             ({"timeout": -1}, '"timeout" must be > 0'),
+            ({"ttl": float("nan")}, '"ttl" must be > 0 seconds: nan'),
+            ({"timeout": float("nan")}, '"timeout" must be > 0 seconds: nan'),
+            ({"ttl": float("inf")}, r'"ttl" must be finite: inf \(None: no ttl\)'),
         ],
     )
     def test_bad_options_are_clear_errors(self, options: dict[str, Any], message: str) -> None:
-        """Bad ttl/timeout values fail at construction, naming the option and value."""
+        """Bad ttl/timeout values fail at construction, naming the option and value (NaN
+        passes a `<= 0` test, then an expiry of NaN is never or always past)."""
         with pytest.raises(ValueError, match=message):
             PostgresStore("postgresql://127.0.0.1:1/x", **options)
         with pytest.raises(ValueError, match=message):

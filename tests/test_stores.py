@@ -95,6 +95,20 @@ class TestMemoryStoreBounds:
         with pytest.raises(ValueError, match='"max_tombstones" must be >= 0: -1'):
             MemoryStore(max_tombstones=-1)
 
+    @pytest.mark.parametrize(
+        ("ttl", "message"),
+        [(float("nan"), '"ttl" must be > 0 seconds: nan'), (float("inf"), '"ttl" must be finite')],
+    )
+    def test_a_ttl_that_is_no_number_of_seconds_is_refused(
+        self, tmp_path: Path, ttl: float, message: str
+    ) -> None:
+        """NaN passes `ttl <= 0`: before, MemoryStore then read every source dead at once and
+        SQLiteStore every source live for ever (its NaN expiry stored as NULL)."""
+        with pytest.raises(ValueError, match=message):
+            MemoryStore(ttl=ttl)
+        with pytest.raises(ValueError, match=message):
+            SQLiteStore(tmp_path / "ph.db", ttl=ttl)
+
     def test_tombstones_are_bounded_and_the_oldest_forgotten_is_still_dead(self) -> None:
         """Past max_tombstones the oldest tombstone goes with its entry: the id is unknown but
         never live again, and its text is new evidence; newer tombstones still say evicted."""
@@ -341,6 +355,40 @@ class TestSQLite:
         store._after_fork()  # what a forked child runs first
         assert store._db.execute("PRAGMA synchronous").fetchone()[0] == level
         store.close()
+
+    def test_a_url_carries_the_stores_options(self, tmp_path: Path) -> None:
+        """`sqlite:///path?synchronous=FULL&ttl=60`, for places that take a URL only
+        ($POLICYHOOK_STORE, --store): the file is the path before the query."""
+        store = open_store(f"sqlite://{tmp_path}/ph.db?synchronous=full&ttl=60")
+        assert isinstance(store, SQLiteStore)
+        assert (store.path, store.synchronous, store.ttl) == (tmp_path / "ph.db", "FULL", 60.0)
+        assert store._db.execute("PRAGMA synchronous").fetchone()[0] == 2
+        store.close()
+        assert [p.name for p in tmp_path.iterdir() if p.suffix == ".db"] == ["ph.db"]
+
+    @pytest.mark.parametrize(
+        ("query", "message"),
+        [
+            ("synchronus=FULL", "unknown option 'synchronus' .*takes synchronous and ttl"),
+            ("ttl=soon", "ttl must be seconds: 'soon'"),
+            ("ttl", "'ttl' is not name=value"),
+            ("ttl=", "'ttl=' is not name=value"),
+            ("ttl=1&ttl=2", "'ttl' is given twice"),
+            ("synchronous=OFF", '"synchronous" must be "NORMAL" or "FULL": \'OFF\''),
+            ("ttl=nan", '"ttl" must be > 0 seconds: nan'),
+        ],
+    )
+    def test_a_bad_url_option_is_a_clear_error(
+        self, tmp_path: Path, query: str, message: str
+    ) -> None:
+        """A misspelt or malformed option is refused, naming the URL and the option (ignored,
+        `synchronus=FULL` would leave commits a power loss takes back), and no file is made."""
+        url = f"sqlite:///{tmp_path / 'ph.db'}?{query}"
+        with pytest.raises(ValueError, match=message):
+            open_store(url)
+        with pytest.raises(ValueError, match="'synchronous' is given twice"):
+            open_store(f"sqlite:///{tmp_path / 'ph.db'}?synchronous=FULL", synchronous="FULL")
+        assert list(tmp_path.iterdir()) == []
 
     def test_bad_synchronous_is_a_clear_error(self, tmp_path: Path) -> None:
         """Another level (OFF would lose commits to a crashed OS) is refused before the file is

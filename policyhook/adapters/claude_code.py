@@ -857,6 +857,7 @@ class Options:
 
     policies: Path | None = None  # None: the embedded default policy
     store: Path = DEFAULT_STORE
+    store_synchronous: Literal["NORMAL", "FULL"] = "NORMAL"
     decision_log: Path | None = None
     on_auto_refusal: AutoRefusal = "pin"
     state_dir: Path = DEFAULT_STATE_DIR
@@ -906,7 +907,7 @@ def _answer(options: Options, stdin: TextIO, stdout: TextIO) -> None:
         log.parent.mkdir(parents=True, exist_ok=True)
     store_path.parent.mkdir(parents=True, exist_ok=True)
     telemetry = _telemetry()
-    with SQLiteStore(store_path) as store:
+    with SQLiteStore(store_path, synchronous=options.store_synchronous) as store:
         guard = Guard(policies, store=store, decision_log=log)
         try:
             decision, transcript, parts = _decide(
