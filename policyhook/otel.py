@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import threading
 import time
@@ -173,9 +174,9 @@ def configure(
         raise ImportError(_INSTALL_HINT) from exc
 
     protocol = _protocol(protocol)
-    if export_timeout <= 0:
+    if not 0 < export_timeout < math.inf:  # (NaN passes `<= 0`)
         raise ValueError(f'"export_timeout" must be > 0 seconds: {export_timeout!r}')
-    if metric_export_interval is not None and metric_export_interval <= 0:
+    if metric_export_interval is not None and not 0 < metric_export_interval < math.inf:
         raise ValueError(
             f'"metric_export_interval" must be > 0 seconds: {metric_export_interval!r}'
         )

@@ -1009,6 +1009,11 @@ class TestConfigure:
             otel.configure(protocol="http/json", set_global=False)
         with pytest.raises(ValueError, match=r'"export_timeout" must be > 0 seconds: 0'):
             otel.configure(export_timeout=0, set_global=False)
+        for bad in (float("nan"), float("inf")):  # (NaN passes `<= 0`)
+            with pytest.raises(ValueError, match=rf'"export_timeout" must be > 0 seconds: {bad}'):
+                otel.configure(export_timeout=bad, set_global=False)
+            with pytest.raises(ValueError, match=r'"metric_export_interval" must be > 0 seconds'):
+                otel.configure(metric_export_interval=bad, set_global=False)
 
     def test_configure_sets_global_providers_the_guard_joins(self, receiver: OtlpReceiver) -> None:
         """With set_global (default) a Guard made without providers exports through configure()."""
