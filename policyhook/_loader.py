@@ -371,9 +371,20 @@ class _Checker:
         self.count += 1
         self.issues.append(PolicyIssue(self.file, message, line, column, self.policy, rule, code))
 
-    def mapping(self, node: Any, path: str, allowed: set[str], required: set[str]) -> bool:
+    def mapping(
+        self,
+        node: Any,
+        path: str,
+        allowed: set[str],
+        required: set[str],
+        within: tuple[Any, str] | None = None,
+    ) -> bool:
+        """Whether `node` is a mapping of `allowed` keys with the `required` ones; `within`
+        (the mapping holding it, and its key there) locates a value that is not one (a scalar
+        or a list remembers no position of its own)."""
         if not isinstance(node, Mapping):
-            self.issue(node, None, f"{path} must be a mapping, got {type(node).__name__}")
+            where, key = within if within is not None else (node, None)
+            self.issue(where, key, f"{path} must be a mapping, got {type(node).__name__}")
             return False
         for key in sorted(set(map(str, node)) - allowed):
             tip = did_you_mean(key, allowed, listing="allowed")
@@ -400,7 +411,7 @@ def _compile_document(
         return None
     metadata = document.get("metadata")
     name = None
-    if check.mapping(metadata, "metadata", _METADATA_KEYS, {"name"}):
+    if check.mapping(metadata, "metadata", _METADATA_KEYS, {"name"}, (document, "metadata")):
         name = check.string(metadata, "name", "metadata")
         if name is not None and not _NAME.match(name):
             check.issue(
@@ -419,7 +430,7 @@ def _compile_document(
     if document.get("kind") not in (None, KIND):
         check.issue(document, "kind", f"kind must be {KIND!r}, got {document.get('kind')!r}")
     spec = document.get("spec")
-    if not check.mapping(spec, "spec", _SPEC_KEYS, {"rules"}):
+    if not check.mapping(spec, "spec", _SPEC_KEYS, {"rules"}, (document, "spec")):
         return None
     mode = spec.get("mode", Mode.ENFORCE)
     if mode not in MODES:
@@ -481,7 +492,7 @@ class _ExpressionCompiler:
         names: set[str] = set()
         for index, entry in enumerate(self.entries(spec, key)):
             path = f"spec.{key}[{index}]"
-            if not self.check.mapping(entry, path, allowed, {"name", "expression"}):
+            if not self.check.mapping(entry, path, allowed, {"name", "expression"}, (spec, key)):
                 continue
             name = self.check.string(entry, "name", path)
             if name is None:
@@ -508,7 +519,9 @@ class _ExpressionCompiler:
             self.check.issue(spec, "rules", "spec.rules must list at least one rule")
         for index, entry in enumerate(entries):
             path = f"spec.rules[{index}]"
-            if not self.check.mapping(entry, path, _RULE_KEYS, {"name", "expression"}):
+            if not self.check.mapping(
+                entry, path, _RULE_KEYS, {"name", "expression"}, (spec, "rules")
+            ):
                 continue
             name = self.check.string(entry, "name", path)
             if name is None:

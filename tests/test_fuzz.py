@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import policyhook
@@ -108,6 +108,7 @@ class TestLoaderFuzz:
     @given(
         st.integers(min_value=0), st.text(alphabet=string.printable + "{}[]&*!|>'\"\\", max_size=12)
     )
+    @example(at=194070027, insert="0")  # `name:0 grounded-numbers`: metadata a str, no line
     def test_any_edit_of_the_default_policy_loads_or_is_a_policy_error(
         self, at: int, insert: str
     ) -> None:

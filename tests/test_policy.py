@@ -227,6 +227,39 @@ class TestLoadErrors:
         """Each schema violation is an error with a message saying what is wrong (unknown keys too)."""
         assert expected in load_error(compile_policy, text)
 
+    @pytest.mark.parametrize(
+        ("text", "position", "message"),
+        [
+            (  # a space lost after `name:` (found by tests/test_fuzz.py at 10x its budget)
+                policy(RULE_OK).replace("  name: p\n", "  name:p\n"),
+                "p.yaml:4:3:",
+                "metadata must be a mapping, got str",
+            ),
+            (
+                "apiVersion: policyhook.dev/v1\nkind: CompactionPolicy\nmetadata: {name: p}\nspec: 3\n",
+                "p.yaml:4:7:",
+                "spec must be a mapping, got int",
+            ),
+            (
+                policy("    - just a string\n"),
+                "p.yaml:7:5:",
+                "spec.rules[0] must be a mapping, got str",
+            ),
+            (
+                policy(RULE_OK, spec="  variables:\n    - 42\n"),
+                "p.yaml:7:5:",
+                "spec.variables[0] must be a mapping, got int",
+            ),
+        ],
+    )
+    def test_a_scalar_where_a_mapping_belongs_is_named_with_its_line(
+        self, compile_policy: Compile, text: str, position: str, message: str
+    ) -> None:
+        """A scalar or list remembers no position of its own: the error names where it stands,
+        by the key holding it (it had no line at all, so an editor could not jump to it)."""
+        error = load_error(compile_policy, text)
+        assert error.startswith(position) and message in error, error
+
     def test_every_error_is_listed(self, compile_policy: Compile) -> None:
         """All problems are reported together, sorted by position, not just the first."""
         rules = (
