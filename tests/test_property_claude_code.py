@@ -115,7 +115,7 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
     start = draw(st.integers(0, session.compactions))  # the file starts at boundary `start`
     archived = [i for ids in session.originals for i in ids] if earlier else []
     evicted: set[str] = set()
-    if archived and draw(st.booleans()):
+    if draw(st.booleans()) and archived:
         evicted = draw(st.sets(st.sampled_from(archived), min_size=1))
     torn = None  # a line naming a compaction written half
     if session.compactions and draw(st.integers(0, 3)) == 0:
