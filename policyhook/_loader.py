@@ -321,19 +321,28 @@ def compile_sources(
     )
 
 
+def yaml_problem(exc: yaml.YAMLError, text: str) -> tuple[int | None, int | None, str]:
+    """(line, column, problem) of a YAML error in `text`, 1-based: a parser's by its mark, a
+    character YAML refuses by its position (a ReaderError has no mark)."""
+    if isinstance(exc, yaml.reader.ReaderError):
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        character = chr(exc.character) if isinstance(exc.character, int) else exc.character
+        return line, column, f"character U+{ord(character):04X} is not allowed in YAML"
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    if mark is None:
+        return None, None, problem
+    return mark.line + 1, mark.column + 1, problem
+
+
 def _compile_file(
     file: str, text: str, backend: Backend, issues: list[PolicyIssue]
 ) -> list[Policy]:
     try:
         documents = list(yaml.load_all(text, Loader=LocatingLoader))  # a SafeLoader subclass
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc)
-        line, column = (mark.line + 1, mark.column + 1) if mark else (None, None)
-        if isinstance(exc, yaml.reader.ReaderError):  # a character YAML refuses: by position
-            problem = f"character {exc.character!r} is not allowed in YAML"
-            line = text.count("\n", 0, exc.position) + 1
-            column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        line, column, problem = yaml_problem(exc, text)
         issues.append(
             PolicyIssue(file, f"invalid YAML: {problem}", line=line, column=column, code="yaml")
         )

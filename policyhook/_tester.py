@@ -21,7 +21,7 @@ import yaml
 
 from policyhook import _activation as schema
 from policyhook._cel import Backend
-from policyhook._loader import Located, LocatingLoader, is_test_file, load
+from policyhook._loader import Located, LocatingLoader, is_test_file, load, yaml_problem
 from policyhook._policy import Effect, PolicySet
 
 TEST_KIND = "PolicyTest"
@@ -138,13 +138,14 @@ def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, A
 def _cases(file: Path) -> Iterator[tuple[int | None, str, dict[str, Any], dict[str, Any]]]:
     """(line, name, activation, expect) for every case of a file; PolicyTestError on bad form."""
     try:
-        document = yaml.load(file.read_text("utf-8"), Loader=LocatingLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{file}:{mark.line + 1 if mark else '?'}"
-        raise PolicyTestError(f"{where}: invalid YAML: {exc}") from None
+        text = file.read_text("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise PolicyTestError(f"{file}: cannot be read: {exc}") from None
+    try:
+        document = yaml.load(text, Loader=LocatingLoader)
+    except yaml.YAMLError as exc:
+        line, _, problem = yaml_problem(exc, text)
+        raise PolicyTestError(f"{file}:{line or '?'}: invalid YAML: {problem}") from None
 
     def fail(node: Any, key: str | None, message: str) -> PolicyTestError:
         line = None

@@ -222,6 +222,26 @@ class TestTest:
         assert result.returncode == 2
         assert "x_test.yaml:7: cases[0].expect.decision must be one of" in result.stderr
 
+    @pytest.mark.parametrize(
+        ("text", "message"),
+        [
+            ("cases:\n  - name: c\x0b\n", "x_test.yaml:5: invalid YAML: character U+000B is not"),
+            ("cases:\n  - name: c\n   expect: x\n", "x_test.yaml:6: invalid YAML: "),
+        ],
+    )
+    def test_invalid_yaml_in_a_test_file_names_its_line(
+        self, tmp_path: Path, text: str, message: str
+    ) -> None:
+        """A character YAML refuses (a ReaderError has no mark: it named no line) or a parse
+        error: exit 2, one message naming file and line."""
+        (tmp_path / "default.yaml").write_text((ROOT / "policies" / "default.yaml").read_text())
+        (tmp_path / "x_test.yaml").write_text(
+            "apiVersion: policyhook.dev/v1\nkind: PolicyTest\nmetadata: {name: t}\n" + text
+        )
+        result = cli("test", str(tmp_path))
+        assert result.returncode == 2
+        assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
+
 
 class TestReplay:
     @pytest.fixture

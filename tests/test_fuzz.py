@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 import policyhook
 from policyhook import cli
 from policyhook._loader import compile_sources
+from policyhook._tester import PolicyTestError, run_tests
 
 BUDGET = settings(
     max_examples=150,
@@ -29,6 +30,9 @@ BUDGET = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 POLICY = (Path(__file__).resolve().parent.parent / "policies" / "default.yaml").read_text()
+POLICY_TEST = (
+    Path(__file__).resolve().parent.parent / "policies" / "default_test.yaml"
+).read_text()
 
 #: Scalars and fragments a policy author (or a broken editor) writes.
 scalars = st.one_of(
@@ -118,6 +122,27 @@ class TestLoaderFuzz:
         except policyhook.PolicyError as error:
             assert all(i.file == "default.yaml" for i in error.issues)
             assert any(i.line is not None for i in error.issues)
+
+    @BUDGET
+    @given(
+        st.integers(min_value=0), st.text(alphabet=string.printable + "{}[]&*!|>'\"\\", max_size=12)
+    )
+    @example(at=132, insert="\x0bC,")  # a character YAML refuses: its error named no line
+    def test_any_edit_of_the_default_policy_tests_runs_or_is_an_error_with_a_line(
+        self, tmp_path_factory: pytest.TempPathFactory, at: int, insert: str
+    ) -> None:
+        """Text typed anywhere into the shipped policy tests: they run (passing or failing), or
+        a PolicyTestError names the test file and a line, never another exception."""
+        folder = tmp_path_factory.mktemp("tests")
+        (folder / "default.yaml").write_text(POLICY)
+        (folder / "default_test.yaml").write_text(mutate(POLICY_TEST, at, insert))
+        try:
+            results = run_tests(folder / "default.yaml")
+        except PolicyTestError as error:
+            assert str(error).startswith(f"{folder / 'default_test.yaml'}:")
+            assert not str(error).startswith(f"{folder / 'default_test.yaml'}:?:"), str(error)
+        else:
+            assert results
 
 
 def run_eval(tmp_path: Path, document: str) -> tuple[int, str, str]:
