@@ -488,6 +488,21 @@ class Telemetry:
         except Exception:
             _failed("count a call's outcome")
 
+    def undecided(self, summarizer: str, error: BaseException) -> None:
+        """A call the guard could not decide, so refused before any decision (an adapter that
+        cannot read its input): a guard span with status ERROR, `error.type` and
+        `policyhook.outcome=undecided`, counted in `policyhook.calls`. Only the exception's type
+        is recorded, never its message (it may quote the input). Never raises."""
+        kind = type(error).__qualname__
+        with self.guarded(summarizer) as span:
+            try:
+                if span.is_recording():
+                    span.set_status(Status(StatusCode.ERROR, f"undecided: {kind}"))
+                    span.set_attribute("error.type", kind)
+            except Exception:
+                _failed("record an undecided call on its span")
+            self.ended(span, "undecided", summarizer)
+
     def store_failed(self, span: Span, operation: str, error: Exception) -> None:
         """A store operation failed during a call: counted and marked on the span. Never raises.
 

@@ -603,6 +603,40 @@ class TestTelemetry:
         spans = [(resource, s) for resource, s in receiver.spans() if s.name == SPAN_NAME]
         assert [resource["service.name"] for resource, _ in spans] == ["policyhook-claude-code"]
 
+    def test_an_undecidable_run_is_traced_and_counted(
+        self, hook: Hook, receiver: OtlpReceiver, env: pytest.MonkeyPatch, tmp_path: Path
+    ) -> None:
+        """A run the hook cannot decide (here: an empty transcript) is blocked, and operators
+        see it beside the decisions: a guard span with status ERROR, `error.type` and
+        `policyhook.outcome=undecided`, counted in `policyhook.calls`; the reason's text stays
+        out of telemetry (it goes to stderr and the answer)."""
+        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+            ExportMetricsServiceRequest,
+        )
+
+        env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        empty = tmp_path / "empty.jsonl"
+        empty.write_bytes(b"")
+        undecided(hook(hook_input(empty)), "the transcript is empty")
+        (span,) = [s for _, s in receiver.spans() if s.name == SPAN_NAME]
+        attributes = {a.key: a.value.string_value for a in span.attributes}
+        assert attributes["policyhook.outcome"] == "undecided"
+        assert attributes["error.type"] == "HookError"
+        assert span.status.code == 2 and span.status.message == "undecided: HookError"
+        assert "empty" not in str(span)  # (the reason: on stderr and in the answer only)
+        outcomes = [
+            {a.key: a.value.string_value for a in point.attributes}
+            for r in receiver.requests
+            if r.path == "/v1/metrics"
+            for rm in ExportMetricsServiceRequest.FromString(r.body).resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+            if m.name == "policyhook.calls"
+            for point in m.sum.data_points
+        ]
+        assert outcomes == [{"outcome": "undecided", "summarizer": "claude-code.compact"}]
+        assert hook.log.read_text() == ""  # no decision, so no decision-log line
+
     def test_no_endpoint_no_export(
         self, hook: Hook, receiver: OtlpReceiver, env: pytest.MonkeyPatch
     ) -> None:

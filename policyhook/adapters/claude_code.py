@@ -69,6 +69,7 @@ from policyhook import (
     request,
 )
 from policyhook._exit import HookExit
+from policyhook._telemetry import Telemetry
 from policyhook.adapters import content_of, known, untraced_summary
 from policyhook.otel import Setup, configure_from_environment
 from policyhook.remedies import Remedied
@@ -895,7 +896,20 @@ def _telemetry() -> Setup | None:
 
 
 def _answer(options: Options, stdin: TextIO, stdout: TextIO) -> None:
-    """Read, decide and answer; any failure is raised for `run` to answer fail-closed."""
+    """Read, decide and answer; any failure is raised for `run` to answer fail-closed, and is
+    traced and counted as an undecided call (a refusal operators see beside the decisions)."""
+    telemetry = _telemetry()
+    try:
+        _decide_and_answer(options, stdin, stdout)
+    except Exception as error:
+        Telemetry().undecided(SUMMARIZER, error)  # (the providers `_telemetry` set, if any)
+        raise
+    finally:
+        if telemetry is not None:
+            telemetry.shutdown()
+
+
+def _decide_and_answer(options: Options, stdin: TextIO, stdout: TextIO) -> None:
     hook_input = _read_input(stdin)
     _hook_input(hook_input)  # a malformed input is refused before anything is opened
     policies = load(options.policies.expanduser()) if options.policies is not None else None
@@ -906,7 +920,6 @@ def _answer(options: Options, stdin: TextIO, stdout: TextIO) -> None:
         check_writable_path(log, "decision log")
         log.parent.mkdir(parents=True, exist_ok=True)
     store_path.parent.mkdir(parents=True, exist_ok=True)
-    telemetry = _telemetry()
     with SQLiteStore(store_path, synchronous=options.store_synchronous) as store:
         guard = Guard(policies, store=store, decision_log=log)
         try:
@@ -925,8 +938,6 @@ def _answer(options: Options, stdin: TextIO, stdout: TextIO) -> None:
                 )
         finally:
             guard.close()
-            if telemetry is not None:
-                telemetry.shutdown()
     advice = trigger == "manual" and options.on_auto_refusal == "pin"
     answer(decision, stdout, transcript, pinned, advice)
 
