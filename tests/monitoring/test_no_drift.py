@@ -32,7 +32,7 @@ from monitoring_support import (
 
 EMIT_SCRIPT = textwrap.dedent(r'''
     """Make real decisions through policyhook and print the Prometheus exposition text."""
-    import json, logging, pathlib, sys, tempfile
+    import io, json, logging, pathlib, sys, tempfile
 
     from opentelemetry import metrics
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -122,6 +122,17 @@ EMIT_SCRIPT = textwrap.dedent(r'''
                                      "metadata: {name: bad}\nspec: {rules: [{name: r, expression: '1 +'}]}\n")
     assert not files.reload(), "a bad policy file must not be put in force"
     files.close()
+
+    # The Claude Code hook on a transcript it cannot read: blocked, undecided (calls counted).
+    from policyhook.adapters import claude_code
+    empty = folder / "empty.jsonl"
+    empty.write_text("")
+    hook_input = {"session_id": "s", "transcript_path": str(empty),
+                  "hook_event_name": "PreCompact", "trigger": "auto"}
+    answer = io.StringIO()
+    options = claude_code.Options(store=folder / "s.sqlite", state_dir=folder / "state")
+    claude_code.run(options, io.StringIO(json.dumps(hook_input)), answer)
+    assert '"block"' in answer.getvalue(), answer.getvalue()
 
     sys.stdout.write(generate_latest(registry).decode())
     sys.stdout.write(SPANS_MARKER + "\n")
@@ -266,6 +277,7 @@ class TestNoDrift:
         assert values("policyhook_decisions", "region_kind") >= {"original", "summary"}
         assert "deny" in values("policyhook_evaluation_errors", "outcome")
         assert values("policyhook_policy_reloads", "outcome") == {"success", "failure"}
+        assert "undecided" in values("policyhook_calls", "outcome")
         assert "" in values("policyhook_decisions", "rule"), "allowed without a rule: rule=''"
 
     @pytest.mark.parametrize("source", ["dashboard", "alert rules"])

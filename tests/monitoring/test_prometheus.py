@@ -48,6 +48,7 @@ class TestPrometheus:
             "PolicyhookPolicyReloadFailing",
             "PolicyhookDecisionLatencyHigh",
             "PolicyhookAuditWouldDeny",
+            "PolicyhookUndecidedCalls",
         }
         cases = [c for t in load_yaml(RULE_TESTS)["tests"] for c in t.get("alert_rule_test", [])]
         fires = {c["alertname"] for c in cases if c.get("exp_alerts")}
