@@ -19,40 +19,13 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_adapter_claude_code import SESSION, boundary, entry
 
 from policyhook import Effect, Guard
 from policyhook.adapters.claude_code import decide
 from policyhook.stores import MemoryStore, SQLiteStore
 
-SESSION = "7c0de3a1-5b2e-4f6a-9d8c-1e2f3a4b5c6d"
 WORDS = ["retry", "ceiling", "deploy", "config", "agent", "budget", "seven", "window", "tool"]
-
-
-def _entry(uuid: str, parent: str | None, text: str, kind: str, **extra: Any) -> dict[str, Any]:
-    content: Any = [{"type": "text", "text": text}] if kind == "assistant" else text
-    return {
-        "parentUuid": parent,
-        "isSidechain": False,
-        "sessionId": SESSION,
-        "type": kind,
-        "message": {"role": kind, "content": content},
-        "uuid": uuid,
-        **extra,
-    }
-
-
-def _boundary(uuid: str, logical: str) -> dict[str, Any]:
-    return {
-        "parentUuid": None,
-        "logicalParentUuid": logical,
-        "isSidechain": False,
-        "type": "system",
-        "subtype": "compact_boundary",
-        "content": "Conversation compacted",
-        "sessionId": SESSION,
-        "uuid": uuid,
-        "compactMetadata": {"trigger": "auto", "preTokens": 150000},
-    }
 
 
 class Session:
@@ -67,10 +40,10 @@ class Session:
             if number > 0:
                 assert parent is not None
                 self.starts.append(len(self.lines))
-                self.lines.append(_boundary(f"b{number}", parent))
+                self.lines.append(boundary(f"b{number}", parent))
                 words = " ".join(WORDS[(seed + number + i) % len(WORDS)] for i in range(12))
                 text = f"Summary {number} of the session so far: {words}."
-                self.lines.append(_entry(f"s{number}", f"b{number}", text, "user"))
+                self.lines.append(entry(f"s{number}", f"b{number}", text, "user"))
                 self.lines[-1].update(isCompactSummary=True, isVisibleInTranscriptOnly=True)
                 parent = f"s{number}"
             ids: list[str] = []
@@ -78,7 +51,7 @@ class Session:
                 uuid = f"u{number}-{i}"
                 words = " ".join(WORDS[(seed * 7 + i + number) % len(WORDS)] for _ in range(3))
                 text = f"turn {number}.{i} of session {seed}: {words}, value {seed * 31 + i}"
-                self.lines.append(_entry(uuid, parent, text, ("user", "assistant")[i % 2]))
+                self.lines.append(entry(uuid, parent, text, ("user", "assistant")[i % 2]))
                 ids.append(f"claude:{SESSION}:{uuid}")
                 parent = uuid
             self.originals.append(ids)
@@ -97,7 +70,7 @@ NOISE = st.one_of(
     ),
     st.builds(
         lambda n, text: json.dumps(
-            {**_entry(f"side{n}", None, text, "assistant"), "isSidechain": True}
+            {**entry(f"side{n}", None, text, "assistant"), "isSidechain": True}
         ),
         st.integers(0, 99),
         st.text(st.sampled_from("abcdef "), min_size=16, max_size=40),
