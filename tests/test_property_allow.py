@@ -73,15 +73,22 @@ class Oracle:
         self.known: dict[str, Known] = {}
         self.held = held
         self.shared: set[str] = set()  # ids of texts held under more than one id
+        #: Where each gap was found: (the unit's bytes, the gap's byte offset in it). The guard
+        #: archives a unit's unrecognised content in pieces around the known texts it holds,
+        #: which need not be the oracle's pieces (`covered`).
+        self.places: dict[str, set[tuple[bytes, int]]] = {}
 
     def unit(self, unit: str, into: Found) -> list[str]:
         """Add what one unit rests on to `into`; returns its gaps (unrecognised content)."""
         if not unit.strip():
             return []
+        data = encode(unit)
         for whole in (unit, unit.strip()):
             if whole in self.known:
-                return self._add(whole, into)
-        data = encode(unit)
+                own = self._add(whole, into)
+                for gap in own:
+                    self._place(gap, data, data.find(encode(whole)))
+                return own
         hits: list[tuple[int, int, str]] = []
         for text in self.known:
             needle = encode(text)
@@ -92,19 +99,44 @@ class Oracle:
                 hits.append((at, at + len(needle), text))
                 at = data.find(needle, at + 1)
         hits.sort(key=lambda h: (h[0], h[0] - h[1]))
-        gaps: list[str] = []
         cursor = 0
+        placed: list[tuple[str, int]] = []
         for start, end, text in hits:
             if start >= cursor:
-                gaps.append(data[cursor:start].decode("utf-8", "surrogatepass"))
-                gaps.extend(self._add(text, into))
+                placed.append((data[cursor:start].decode("utf-8", "surrogatepass"), cursor))
+                placed += [(gap, start) for gap in self._add(text, into)]
                 cursor = end
             elif end > cursor:  # overlapping the end of the last one found: rests on it too
-                gaps.extend(self._add(text, into))
-        gaps.append(data[cursor:].decode("utf-8", "surrogatepass"))
-        kept = [g for g in gaps if g.strip()]
+                placed += [(gap, start) for gap in self._add(text, into)]
+        placed.append((data[cursor:].decode("utf-8", "surrogatepass"), cursor))
+        kept = [gap for gap, _ in placed if gap.strip()]
+        for gap, at in placed:
+            if gap.strip():
+                self._place(gap, data, at)
         into.gaps.update(kept)
         return kept
+
+    def _place(self, gap: str, data: bytes, at: int) -> None:
+        self.places.setdefault(gap, set()).add((data, at))
+
+    def covered(self, gap: str, held: list[str]) -> bool:
+        """Whether the store holds `gap`'s content: inside one held text, or, where it was
+        found, every byte of it but whitespace inside held texts found around it (a dead text
+        archived again in pieces around a live one it quotes)."""
+        if any(gap in text for text in held):
+            return True
+        needles = [encode(text) for text in held if text.strip()]
+        size = len(encode(gap))
+        for data, at in self.places.get(gap, ()):
+            inside = bytearray(len(data))
+            for needle in needles:
+                start = data.find(needle)
+                while start != -1:
+                    inside[start : start + len(needle)] = b"\x01" * len(needle)
+                    start = data.find(needle, start + 1)
+            if all(inside[i] or data[i : i + 1].isspace() for i in range(at, at + size)):
+                return True
+        return False
 
     def _add(self, text: str, into: Found) -> list[str]:
         """Add what a known text rests on to `into`; [text] if it counts as a gap instead."""
@@ -281,7 +313,7 @@ class Provenance(RuleBasedStateMachine):
         if not self.archive:
             return False
         held = [text for _, text in store.sources(1_000_000)]  # archived: the gaps, or more
-        return all(any(gap in text for text in held) for gap in found.gaps)
+        return all(self.oracle.covered(gap, held) for gap in found.gaps)
 
     def must_refuse(self, found: Found) -> bool:
         return found.depth > 0 and not self.live(found)
@@ -454,6 +486,49 @@ def test_the_oracle_finds_what_the_docs_say() -> None:
     assert (found.depth, found.sources, found.gaps) == (0, {"s1"}, {"x ", " y"})
     oracle.record_source("quoting: short one", "s2")
     assert oracle.known["quoting: short one"].depth == 0  # short texts are not searched for
+
+
+@pytest.mark.parametrize("recorded_elsewhere", [True, False])
+def test_a_dead_text_around_a_live_one_is_archived_again_or_rested_on(
+    recorded_elsewhere: bool,
+) -> None:
+    """(The Provenance machine at 20x its budget.) A registered text quoting an archived one is
+    evicted, then comes inside a new input. A guard that recorded it knows it dead: the input
+    rests on it and a summary of the input is refused. A guard that never kept its text (it
+    was recorded by another guard on the store while this one's cache of one text held another)
+    archives the content around the archived one as new: the summary rests on two live pieces
+    holding every byte of the input, and is allowed (both safe; which one is the cache's doing).
+    The oracle accepts both: the dead text's content is covered by held texts where it was
+    found, though by no single one."""
+    store = MemoryStore()
+    guard = Guard(store=store, max_texts=1, archive_originals=True)
+    recorder = Guard(store=store, max_texts=1) if recorded_elsewhere else guard
+    oracle = Oracle(lambda source_id: store.get_source(source_id) is not None)
+    archived = "zqax zqbx retry retry"
+    guard(lambda value: "zqcx", summarizer="p")([archived])
+    ((window, text),) = [(s.id, t) for s, t in store.sources(10)]
+    oracle.archived(text, window)
+    guard.check(["zqdx"], summarizer="p")  # the deciding guard's one-text cache moves on
+    quoting = "zqhx retry retry " + archived
+    recorder.record_source(quoting, "config_read", "quoting")
+    oracle.record_source(quoting, "quoting")
+    store.evict("quoting")
+    value = ["zqjx retry retry " + quoting]
+    found = oracle.value(value)
+    assert found.gaps == {"zqjx retry retry ", quoting}  # the dead text is a gap, whole
+    assert guard(lambda v: archived, summarizer="p")(value) == archived  # originals: allowed
+    held = [t for _, t in store.sources(10)]
+    region = guard.provenance([archived])
+    live = store.live(region.sources) == region.sources
+    if recorded_elsewhere:
+        assert held == [archived, "zqjx retry retry zqhx retry retry "]
+        assert region.depth == 1 and live
+        assert guard.check([archived], summarizer="p").effect == "allow"
+    else:
+        assert held == [archived, "zqjx retry retry "]
+        assert region.depth == 1 and not live and "quoting" in region.sources
+        assert guard.check([archived], summarizer="p").effect == "deny"
+    assert all(oracle.covered(gap, held) for gap in found.gaps) == live
 
 
 class TestThreads:
