@@ -33,8 +33,8 @@ from policyhook._provenance import (
     SourceIdConflictError,
     State,
     View,
+    check_seconds,
 )
-from policyhook.stores import check_seconds
 
 if TYPE_CHECKING:
     import psycopg

@@ -11,6 +11,7 @@ import hashlib
 import inspect
 import itertools
 import logging
+import math
 import operator
 import re
 import secrets
@@ -585,6 +586,15 @@ class Held:
     ids: Collection[str]
     as_of: object
     rest: frozenset[str]
+
+
+def check_seconds(name: str, value: float) -> None:
+    """A store's `ttl` or `timeout` is a finite number of seconds > 0: NaN passes `<= 0` and
+    then reads as "never expires" in one store and "expired at once" in another."""
+    if not value > 0:
+        raise ValueError(f'"{name}" must be > 0 seconds: {value}')
+    if value == math.inf:
+        raise ValueError(f'"{name}" must be finite: {value} (None: no {name})')
 
 
 @runtime_checkable

@@ -31,8 +31,8 @@ from policyhook._provenance import (
     SourceIdConflictError,
     State,
     View,
+    check_seconds,
 )
-from policyhook.stores import check_seconds
 
 #: The layout version this code writes, kept in `{ns}:meta`. 1: the store; 2: per-fact
 #: provenance (`facts:S` keys); 3: a source id names one text (`put_source` compares the digest

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import bisect
 import json
-import math
 import os
 import sqlite3
 import threading
@@ -41,6 +40,7 @@ from policyhook._provenance import (
     _Grown,
     _made,
     anchor_of,
+    check_seconds,
     digest,
     encode,
 )
@@ -69,15 +69,6 @@ def _names_only(source: Source, text_digest: str) -> bool:
         return True
     head, _, tail = source.id.partition(":")
     return source.kind == UNREGISTERED and head == UNREGISTERED and len(tail) == 16
-
-
-def check_seconds(name: str, value: float) -> None:
-    """A store's `ttl` or `timeout` is a finite number of seconds > 0: NaN passes `<= 0` and
-    then reads as "never expires" in one store and "expired at once" in another."""
-    if not value > 0:
-        raise ValueError(f'"{name}" must be > 0 seconds: {value}')
-    if value == math.inf:
-        raise ValueError(f'"{name}" must be finite: {value} (None: no {name})')
 
 
 class MemoryStore:
