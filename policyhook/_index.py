@@ -14,9 +14,15 @@ of one tier merge into one of the next (tiered merging, a counter in base `_FANO
 is rebuilt into an automaton O(log n) times in all, a merge of n anchors happens once per
 n/`_FANOUT` new texts, and a search runs O(log n) automata; once searches of `_CHUNKED` bytes or
 more have paid in passes beyond the first what merging them all costs, they merge into one (ski
-rental, `Index._passes`): long new turns are searched in about one pass. Anchors and keys are
+rental, `_Pool.passes`): long new turns are searched in about one pass. Anchors and keys are
 chosen unique: texts sharing a long prefix (a tool-output header) are anchored further in, so
 one hit in the input means one candidate to confirm, not N.
+
+Anchored texts are kept in two pools, sources and summaries, each its own batch and levels:
+a new turn is recorded only after a search for the summaries it may quote (`find(data,
+summaries=True)`), and the texts without a key are mostly short turns and tool outputs, so that
+search runs no automaton of theirs whatever their number. A source's text later known as a
+summary (`promote`) makes that search run the sources' pool too, until it is discarded.
 
 The index returns candidates only; the ledger confirms each by digest.
 
@@ -258,6 +264,24 @@ def _tier(size: int) -> int:
     return tier
 
 
+class _Pool:
+    """Anchored texts of one kind (sources or summaries): the batch searched with `bytes.find`
+    (`fresh`) and the tiered levels, largest first.
+
+    `passes`: bytes of inputs of `_CHUNKED` or more searched by levels past the first since they
+    last all merged into one: once that costs as much as the merge would (`_BUILD_BYTES` an
+    anchor), they merge (ski rental: a long new turn is searched in a bounded number of passes
+    whatever the texts indexed). Smaller inputs are left to the tiers: a pass over one costs
+    little beside its call, and merges would be builds inside a loop."""
+
+    __slots__ = ("fresh", "levels", "passes")
+
+    def __init__(self) -> None:
+        self.levels: list[_Level] = []
+        self.fresh: list[tuple[bytes, Candidate]] = []
+        self.passes = 0
+
+
 class Index:
     """Anchors of known texts; `find` gives every place a known text may start in an input."""
 
@@ -268,8 +292,11 @@ class Index:
         self._heads: dict[bytes, list[Candidate]] = {}
         self._tails: dict[bytes, list[Candidate]] = {}
         self._keyed: dict[str, tuple[dict[bytes, list[Candidate]], bytes]] = {}
-        self._levels: list[_Level] = []  # largest first
-        self._fresh: list[tuple[bytes, Candidate]] = []
+        self._sources, self._summaries = _Pool(), _Pool()
+        #: Digests with an item in the summaries' pool (indexed or discarded), and those indexed
+        #: in the sources' pool whose text is known as a summary since (`promote`).
+        self._in_summaries: set[str] = set()
+        self._promoted: set[str] = set()
         self._used: dict[bytes, int] = {}  # anchor -> texts using it
         self._digests: set[str] = set()
         self._dropped: set[str] = set()  # digests to leave out at the next merge
@@ -287,12 +314,6 @@ class Index:
         self._chunks: OrderedDict[tuple[int, bytes, bytes], list[Any]] = OrderedDict()
         self._seams: OrderedDict[bytes, list[Any]] = OrderedDict()
         self._memo_bytes = 0  # what both are charged (`_charge`)
-        #: Bytes of inputs of `_CHUNKED` or more searched by levels past the first since they
-        #: last all merged into one: once that costs as much as the merge would (`_BUILD_BYTES`
-        #: an anchor), they merge (ski rental: a long new turn is searched in a bounded number
-        #: of passes whatever the texts indexed). Smaller inputs are left to the tiers: a pass
-        #: over one costs little beside its call, and merges would be builds inside a loop.
-        self._passes = 0
 
     def __len__(self) -> int:
         return len(self._digests)
@@ -300,13 +321,18 @@ class Index:
     def __contains__(self, digest: str) -> bool:
         return digest in self._digests
 
-    def add(self, data: bytes, digest: str) -> None:
-        """Index a text (`data`: its UTF-8 bytes) under `digest`; shorter than MIN_BYTES: no-op.
+    def add(self, data: bytes, digest: str, summary: bool = False) -> None:
+        """Index a text (`data`: its UTF-8 bytes) under `digest`, a summary's or a source's;
+        shorter than MIN_BYTES: no-op. A source's text indexed again as a summary's is promoted.
 
         Each digest has one copy in the automata: a text discarded and added again before its
         level merged (a ledger's cache forgetting it and finding it again) is kept where it is,
         so a working set cycling through a bounded cache does not pile up copies."""
-        if len(data) < MIN_BYTES or digest in self._digests:
+        if len(data) < MIN_BYTES:
+            return
+        if digest in self._digests:
+            if summary:
+                self.promote(digest)
             return
         self.added += 1
         if len(self._log) >= _LOG:
@@ -314,6 +340,8 @@ class Index:
         if digest in self._dropped:  # discarded but still in its automaton: find it there again
             self._dropped.discard(digest)  # (a second copy would outlive every merge)
             self._digests.add(digest)
+            if summary:
+                self.promote(digest)
             # Searched for by its first bytes: any piece of a text finds every place it lies.
             anchor = data[:ANCHOR]
             self._log.append((anchor, (0, len(data), digest, data[-_TAIL:], len(anchor))))
@@ -331,30 +359,43 @@ class Index:
         self._used[anchor] = self._used.get(anchor, 0) + 1
         self._digests.add(digest)
         item = (anchor, (offset, len(data), digest, data[-_TAIL:], len(anchor)))
-        self._fresh.append(item)
+        pool = self._summaries if summary else self._sources
+        if summary:
+            self._in_summaries.add(digest)
+        pool.fresh.append(item)
         self._log.append(item)
-        if len(self._fresh) >= _BATCH:
-            self._fold()
+        if len(pool.fresh) >= _BATCH:
+            self._fold(pool)
 
-    def _fold(self) -> None:
-        """The batch becomes a tier-0 automaton; full tiers merge upwards. A level's tier is set
-        by its size, so a merge that left out many discarded texts lands where its peers are;
-        once discarded texts outnumber live ones, every level is rebuilt without them (memory
-        stays within twice the texts indexed)."""
-        self._levels.append(_Level(self._fresh, 0))
-        self._fresh = []
-        while len(self._levels) >= _FANOUT:
-            tier = self._levels[-1].tier
-            group = self._levels[-_FANOUT:]
+    def promote(self, digest: str) -> None:
+        """An indexed text is known as a summary's now: if its anchor lies in the sources'
+        pool, a search for summaries runs that pool too while it is indexed (rare: a turn
+        returned as a summary, a source another process recorded as one)."""
+        indexed = digest in self._digests
+        if indexed and digest not in self._keyed and digest not in self._in_summaries:
+            self._promoted.add(digest)
+
+    def _fold(self, pool: _Pool) -> None:
+        """The pool's batch becomes a tier-0 automaton; full tiers merge upwards. A level's tier
+        is set by its size, so a merge that left out many discarded texts lands where its peers
+        are; once discarded texts outnumber live ones, every level of both pools is rebuilt
+        without them (memory stays within twice the texts indexed)."""
+        levels = pool.levels
+        levels.append(_Level(pool.fresh, 0))
+        pool.fresh = []
+        while len(levels) >= _FANOUT:
+            tier = levels[-1].tier
+            group = levels[-_FANOUT:]
             if any(level.tier != tier for level in group):
                 break
-            del self._levels[-_FANOUT:]
+            del levels[-_FANOUT:]
             kept = self._kept(group)
             if kept:
-                self._levels.append(_Level(kept, _tier(len(kept))))
+                levels.append(_Level(kept, _tier(len(kept))))
         if len(self._dropped) > max(len(self._digests), _BATCH):
-            kept = self._kept(self._levels)
-            self._levels = [_Level(kept, _tier(len(kept)))] if kept else []
+            for each in (self._sources, self._summaries):
+                kept = self._kept(each.levels)
+                each.levels = [_Level(kept, _tier(len(kept)))] if kept else []
 
     def discard(self, digest: str) -> None:
         """Stop finding a text (a key's entry goes now; an anchor is left out of the automaton
@@ -362,6 +403,7 @@ class Index:
         if digest not in self._digests:
             return
         self._digests.discard(digest)
+        self._promoted.discard(digest)
         keyed = self._keyed.pop(digest, None)
         if keyed is None:
             self._dropped.add(digest)
@@ -421,45 +463,60 @@ class Index:
         if digest not in self._dropped:
             return True
         self._dropped.discard(digest)
+        self._in_summaries.discard(digest)  # (its one copy, in whichever pool)
         left = self._used.pop(anchor) - 1
         if left:
             self._used[anchor] = left
         return False
 
-    def find(self, data: bytes) -> list[tuple[int, int, str]]:
-        """(start, end, digest) of every place in `data` where a known text may lie; unconfirmed."""
+    def find(self, data: bytes, summaries: bool = False) -> list[tuple[int, int, str]]:
+        """(start, end, digest) of every place in `data` where a known text may lie; unconfirmed.
+
+        `summaries`: only the places of texts that may be summaries are needed (a new turn
+        searched for the summaries it quotes): the sources' pool is not searched, unless one of
+        its texts is promoted, and a long input is searched whole, its pieces not remembered
+        (they would not be complete); places of keyed sources are given too."""
         size = len(data)
         if size < MIN_BYTES:
             return []
-        chunked = _CHUNKED <= size <= _MEMO_BYTES // 2  # (longer: searched whole, not cycled)
-        hits = self._chunked(data) if chunked else self._hits(data)
+        # (longer than half the memory: searched whole, not cycled through it)
+        chunked = not summaries and _CHUNKED <= size <= _MEMO_BYTES // 2
+        hits = self._chunked(data) if chunked else self._hits(data, summaries)
         return _fitting(data, hits, self._digests)
 
-    def _hits(self, data: bytes) -> list[Hit]:
-        """Every place in `data` where an anchor of the automata or the batch lies, with its
-        candidate (a discarded text's too: `find` leaves those out)."""
+    def _hits(self, data: bytes, summaries: bool = False) -> list[Hit]:
+        """Every place in `data` where a key or an anchor of a pool lies, with its candidate (a
+        discarded text's too: `find` leaves those out); with `summaries`, the sources' pool
+        only while one of its texts is promoted."""
+        hits: list[Hit] = []
+        if self._keyed:
+            self._keyed_hits(data, hits)
+        self._search(self._summaries, data, hits)
+        if not summaries or self._promoted:
+            self._search(self._sources, data, hits)
+        return hits
+
+    def _search(self, pool: _Pool, data: bytes, hits: list[Hit]) -> None:
+        """Add to `hits` every place in `data` where an anchor of `pool`'s levels or batch lies."""
         size = len(data)
-        levels = self._levels
-        fresh = self._fresh
+        levels = pool.levels
+        fresh = pool.fresh
         if size >= _CHUNKED and len(fresh) > _FIND_MAX:  # the batch becomes a level: a pass,
-            self._fold()  # not many `find`s (a find of 4 KB costs about an eighth of a pass)
-            levels, fresh = self._levels, self._fresh  # (a fold may rebuild the list)
+            self._fold(pool)  # not many `find`s (a find of 4 KB costs about an eighth of a pass)
+            levels, fresh = pool.levels, pool.fresh  # (a fold may rebuild the list)
         if size >= _CHUNKED and len(levels) > 1:  # every pass past the first since the last
-            self._passes += size * (len(levels) - 1)  # merge of them all ...
-            if self._passes >= _BUILD_BYTES * sum(level.size for level in levels):
-                self._merge_all()  # ... has cost as much as merging them: one pass from now on
-                levels = self._levels
+            pool.passes += size * (len(levels) - 1)  # merge of them all ...
+            if pool.passes >= _BUILD_BYTES * sum(level.size for level in levels):
+                self._merge_all(pool)  # ... has cost as much as merging them: one pass from now
+                levels = pool.levels
         if size >= _LARGE_INPUT:
-            self._consolidate(size)
-            levels, fresh = [], list(self._fresh)
-            for level in sorted(self._levels, key=lambda level: level.size):
+            self._consolidate(pool, size)
+            levels, fresh = [], list(pool.fresh)
+            for level in sorted(pool.levels, key=lambda level: level.size):
                 if len(fresh) + level.size <= _FIND_MAX:  # a few `find`s cost less than a pass
                     fresh.extend(level.items())
                 else:
                     levels.append(level)
-        hits: list[Hit] = []
-        if self._keyed:
-            self._keyed_hits(data, hits)
         for level in levels:
             searcher = level.searcher(size)  # (groups `candidates`)
             candidates = level.candidates
@@ -467,7 +524,6 @@ class Index:
                 for candidate in candidates[index]:
                     hits.append((at, candidate))
         _placed(data, fresh, hits)
-        return hits
 
     def _keyed_hits(self, data: bytes, hits: list[Hit]) -> None:
         """Add to `hits` where a key of the texts found by content lies in `data` next to a cut
@@ -619,36 +675,34 @@ class Index:
         _placed(data, added, hits)
         return _fitting(data, hits, digests)
 
-    def _merge_all(self) -> None:
-        """Every level merges into one (the texts discarded left out), counted as searched
-        with the bytes every one of them was: its DFA is paid for as theirs were, and the level
-        is not searched with an NFA again until it has been (`_Level.searcher`)."""
-        levels = self._levels
+    def _merge_all(self, pool: _Pool) -> None:
+        """Every level of `pool` merges into one (the texts discarded left out), counted as
+        searched with the bytes every one of them was: its DFA is paid for as theirs were, and
+        the level is not searched with an NFA again until it has been (`_Level.searcher`)."""
+        levels = pool.levels
         kept = self._kept(levels)
-        self._levels = [_Level(kept, _tier(len(kept)))] if kept else []
+        pool.levels = [_Level(kept, _tier(len(kept)))] if kept else []
         if kept:
-            self._levels[0]._searched = min(level._searched for level in levels)
-        self._passes = 0
+            pool.levels[0]._searched = min(level._searched for level in levels)
+        pool.passes = 0
 
-    def _consolidate(self, size: int) -> None:
-        """Before a large input: every level merges into one when building it costs less than
-        the passes it saves (each level is one pass over the input), else the levels under the
-        largest do, on the same condition."""
-        if len(self._levels) < 2:
+    def _consolidate(self, pool: _Pool, size: int) -> None:
+        """Before a large input: every level of `pool` merges into one when building it costs
+        less than the passes it saves (each level is one pass over the input), else the levels
+        under the largest do, on the same condition."""
+        if len(pool.levels) < 2:
             return
-        if sum(level.size for level in self._levels) * _BUILD_BYTES <= size * (
-            len(self._levels) - 1
-        ):
-            kept = self._kept(self._levels)
-            self._levels = [_Level(kept, _tier(len(kept)))] if kept else []
+        if sum(level.size for level in pool.levels) * _BUILD_BYTES <= size * (len(pool.levels) - 1):
+            kept = self._kept(pool.levels)
+            pool.levels = [_Level(kept, _tier(len(kept)))] if kept else []
             return
-        if len(self._levels) < 3:
+        if len(pool.levels) < 3:
             return
-        largest = max(self._levels, key=lambda level: level.size)
-        rest = [level for level in self._levels if level is not largest]
+        largest = max(pool.levels, key=lambda level: level.size)
+        rest = [level for level in pool.levels if level is not largest]
         if sum(level.size for level in rest) * _BUILD_BYTES > size * (len(rest) - 1):
             return
         kept = self._kept(rest)
-        self._levels = [largest]
+        pool.levels = [largest]
         if kept:
-            self._levels.append(_Level(kept, max(level.tier for level in rest)))
+            pool.levels.append(_Level(kept, max(level.tier for level in rest)))

@@ -944,7 +944,7 @@ class Ledger:
             entry = self._fetch([bare]).get(bare)
             if entry is not None:
                 return entry.depth > 0
-        hits = self._confirmed(data, self._index.find(data))
+        hits = self._confirmed(data, self._index.find(data, summaries=True))
         if not self._complete:  # texts the cache does not hold, asked of the store
             hits |= self._confirmed(data, self._ask_store(data))
         entries = self._entries
@@ -1580,6 +1580,8 @@ class Ledger:
         self._entries.move_to_end(entry.digest)
         if entry.depth > 0:
             self._summaries[entry.id] = entry
+            if earlier is not None and earlier.depth == 0:  # a source's text, a summary's now:
+                self._index.promote(entry.digest)  # (the index holds only cached texts)
         while len(self._entries) > self.max_texts:
             _, dropped = self._entries.popitem(last=False)
             if dropped.depth > 0:
@@ -1598,7 +1600,7 @@ class Ledger:
         if check and self._digest(data) != entry.digest:
             return
         self._remember(entry)
-        self._index.add(data, entry.digest)
+        self._index.add(data, entry.digest, entry.depth > 0)
 
     def _catch_up(self) -> None:
         """Index texts other processes (or this one) recorded since we last looked."""

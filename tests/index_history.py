@@ -23,25 +23,35 @@ def replay(
     ops: Sequence[tuple[Any, ...]],
     filler: Callable[[Any], bytes],
 ) -> None:
-    """Apply ("add", i), ("discard", i) and ("find", picked, arg) to `index`. Each find searches
-    the picked texts joined by `filler(arg)`: every place an indexed text occurs must be among
-    the candidates, and no text that is not indexed."""
+    """Apply ("add", i), ("add", i, summary), ("discard", i) and ("find", picked, arg) to
+    `index`. Each find searches the picked texts joined by `filler(arg)`: every place an indexed
+    text occurs must be among the candidates, and no text that is not indexed; and a search for
+    summaries (`summaries=True`) must give every place of a text indexed as a summary since it
+    was last discarded (added as one, or as a source first and as a summary after)."""
     indexed: set[int] = set()
+    summaries: set[int] = set()
     for op in ops:
         if op[0] == "add":
-            index.add(data[op[1]], f"d{op[1]}")
+            summary = len(op) > 2 and bool(op[2])
+            index.add(data[op[1]], f"d{op[1]}", summary)
             indexed.add(op[1])
+            if summary:
+                summaries.add(op[1])
         elif op[0] == "discard":
             index.discard(f"d{op[1]}")
             indexed.discard(op[1])
+            summaries.discard(op[1])
         else:
             _, picked, arg = op
             pad = filler(arg)
             value = pad + pad.join(data[i] for i in picked) + pad
-            expected = placed(value, data, indexed)
+            named = {f"d{i}" for i in indexed}
             got = set(index.find(value))
-            assert expected <= got
-            assert not {d for _, _, d in got} - {f"d{i}" for i in indexed}
+            assert placed(value, data, indexed) <= got
+            assert not {d for _, _, d in got} - named
+            got = set(index.find(value, summaries=True))
+            assert placed(value, data, summaries) <= got
+            assert not {d for _, _, d in got} - named
 
 
 def occurrences(haystack: bytes, needle: bytes) -> list[int]:

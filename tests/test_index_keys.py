@@ -5,6 +5,9 @@ search of the pieces of an input remembered by `_chunked` would miss later."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+from unittest import mock
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from index_history import placed
@@ -46,7 +49,7 @@ class TestKeyedHits:
         for number, text in enumerate(TEXTS):
             index.add(text, f"d{number}")
         assert set(index._keyed) == {"d0", "d1", "d2", "d4"}
-        assert {c[2] for _, c in index._fresh} == {"d3", "d5"}
+        assert {c[2] for _, c in index._sources.fresh} == {"d3", "d5"}
 
     @settings(max_examples=300, deadline=None)
     @given(
@@ -116,3 +119,54 @@ class TestKeyedHits:
         """The table maps every cut byte, and only those, to the one the input is split at."""
         cut = bytes(range(256)).translate(_index._CUTS)
         assert {b for b in range(256) if cut[b] == _index._CUT} == set(_index._CUT_BYTES)
+
+
+class TestPools:
+    """Texts with no key lie in one of two pools, sources' or summaries': a search for
+    summaries (a new turn recorded) runs no automaton and finds no batch item of the sources'
+    pool, unless one of its texts has become a summary's (promoted) while indexed."""
+
+    SOURCES: ClassVar[list[bytes]] = [
+        f"no cut at all in source {i:04}, base 16: 0123456789abcdef".encode() for i in range(200)
+    ]
+
+    def _index(self) -> Index:
+        index = Index()
+        for number, data in enumerate(self.SOURCES):
+            index.add(data, f"s{number}")
+        return index
+
+    def test_a_search_for_summaries_leaves_the_sources_pool_alone(self) -> None:
+        index = self._index()
+        assert index._sources.levels and not index._summaries.levels
+        value = b" | ".join(self.SOURCES[::7])
+        assert {d for _, _, d in index.find(value)} == {f"s{i}" for i in range(0, 200, 7)}
+        searched: list[object] = []
+        real = _index._Level.searcher
+
+        def searcher(level: _index._Level, size: int) -> object:
+            searched.append(level)
+            return real(level, size)
+
+        with mock.patch.object(_index._Level, "searcher", searcher):
+            assert index.find(value, summaries=True) == []
+        assert searched == []
+
+    def test_a_source_indexed_again_as_a_summary_is_searched_for_until_discarded(self) -> None:
+        index = self._index()
+        value = b"before " + self.SOURCES[3] + b" after"
+        index.add(self.SOURCES[3], "s3", summary=True)  # (indexed already: promoted)
+        assert index._promoted == {"s3"}
+        assert {d for _, _, d in index.find(value, summaries=True)} == {"s3"}
+        index.discard("s3")
+        assert not index._promoted and index.find(value, summaries=True) == []
+        index.add(self.SOURCES[3], "s3", summary=True)  # back, found where it lies, promoted
+        assert {d for _, _, d in index.find(value, summaries=True)} == {"s3"}
+
+    def test_a_summary_in_its_own_pool_is_not_promoted(self) -> None:
+        index = self._index()
+        summary = b"no cut at all in this summary either, 0123456789abcdef"
+        index.add(summary, "m", summary=True)
+        index.add(summary, "m", summary=True)
+        assert index._summaries.fresh and not index._promoted
+        assert {d for _, _, d in index.find(b"x " + summary, summaries=True)} == {"m"}

@@ -1,5 +1,5 @@
 """Levels merged into one once the passes they cost beyond one add up to that merge's build
-(`Index._passes`, ski rental): searches see a bounded number of levels whatever the texts
+(`_Pool.passes`, ski rental): searches see a bounded number of levels whatever the texts
 indexed. A merge must change only how many passes a search runs, never what it finds."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ _OPS = st.lists(
 
 
 def _sizes(index: Index) -> list[int]:
-    return [level.size for level in index._levels]
+    return [level.size for level in index._sources.levels]
 
 
 class TestMergedLevels:
@@ -76,14 +76,14 @@ class TestMergedLevels:
             assert found(value) >= expected
         assert found(value[:-1]) >= expected  # under `_CHUNKED`: not counted
         assert _sizes(index) == [_BATCH, _BATCH]
-        assert index._passes == (searches - 1) * len(value)
+        assert index._sources.passes == (searches - 1) * len(value)
         assert found(value) >= expected
-        assert _sizes(index) == [2 * _BATCH] and index._passes == 0
+        assert _sizes(index) == [2 * _BATCH] and index._sources.passes == 0
         for i in range(2 * _BATCH, 3 * _BATCH):  # a new level: counted from nothing again
             index.add(DATA[i], f"d{i}")
-        assert _sizes(index) == [2 * _BATCH, _BATCH] and index._passes == 0
+        assert _sizes(index) == [2 * _BATCH, _BATCH] and index._sources.passes == 0
         found(value)
-        assert index._passes == len(value)
+        assert index._sources.passes == len(value)
 
     def test_a_merge_leaves_out_the_texts_discarded_and_keeps_one_added_back(self) -> None:
         """Texts discarded before the merge are not in the merged level (their anchors free
@@ -97,7 +97,7 @@ class TestMergedLevels:
         with mock.patch.object(_index, "_BUILD_BYTES", 0):
             found = {d for _, _, d in index.find(b" ".join(DATA[: 2 * _BATCH]).ljust(_CHUNKED))}
         assert _sizes(index) == [2 * _BATCH - 2]
-        digests = [c[2] for _, c in index._levels[0].items()]
+        digests = [c[2] for _, c in index._sources.levels[0].items()]
         assert sorted(digests) == sorted(
             {f"d{i}" for i in range(2 * _BATCH)} - {"d1", f"d{_BATCH + 3}"}
         )
@@ -114,16 +114,18 @@ class TestMergedLevels:
             index.add(DATA[i], f"d{i}")
         value = b" filler ".join([b"", *DATA[: 2 * _BATCH : 3], b""]).ljust(_CHUNKED, b".")
         expected = placed(value, DATA, set(range(2 * _BATCH)))
-        older, newer = index._levels
+        older, newer = index._sources.levels
         older._searched, newer._searched = 10 * 2 * _BATCH * _index._DFA_BUILD_BYTES, 7
         with mock.patch.object(_index, "_BUILD_BYTES", 0):
             assert set(_index._fitting(value, index._hits(value), index._digests)) >= expected
-        (merged,) = index._levels
+        (merged,) = index._sources.levels
         assert merged._searched == 7 + len(value) and merged._dfa is None
         for i in range(2 * _BATCH, 3 * _BATCH):  # a batch more: the next search merges again
             index.add(DATA[i], f"d{i}")
-        merged._searched = index._levels[-1]._searched = 3 * _BATCH * _index._DFA_BUILD_BYTES
+        merged._searched = index._sources.levels[-1]._searched = (
+            3 * _BATCH * _index._DFA_BUILD_BYTES
+        )
         with mock.patch.object(_index, "_BUILD_BYTES", 0):
             assert set(_index._fitting(value, index._hits(value), index._digests)) >= expected
-        (again,) = index._levels
+        (again,) = index._sources.levels
         assert again._dfa is not None and again._nfa is None

@@ -32,7 +32,7 @@ _OPS = st.lists(
 
 def _levels_by_kind(index: Index) -> tuple[int, int]:
     """(levels searched with a DFA, levels searched with an NFA) in `index` now."""
-    levels = index._levels
+    levels = index._sources.levels
     return sum(lv._dfa is not None for lv in levels), sum(lv._nfa is not None for lv in levels)
 
 
@@ -64,7 +64,7 @@ class TestSearcher:
         index = Index()
         for i in range(_BATCH):
             index.add(DATA[i], f"d{i}")
-        (level,) = index._levels
+        (level,) = index._sources.levels
         value = b" filler ".join([b"", *DATA[: _BATCH // 2], b""])
         first = sorted(index.find(value))
         assert len(first) >= _BATCH // 2 and _levels_by_kind(index) == (0, 1)

@@ -606,17 +606,24 @@ class TestRememberedSplits:
                 )
 
 
+def _anchored(index: Index) -> int:
+    """Items in the automata and batches of both of an index's pools (sources, summaries)."""
+    pools = (index._sources, index._summaries)
+    return sum(len(pool.fresh) + sum(level.size for level in pool.levels) for pool in pools)
+
+
 class TestIndexMemory:
     def test_discarded_texts_do_not_pile_up(self) -> None:
         """A long run that keeps 100 texts indexed, discarding the oldest as each new one comes,
-        holds at most about twice that many anchors, and finds exactly the ones kept."""
+        holds at most about twice that many anchors (sources' and summaries'), and finds exactly
+        the ones kept."""
         index = Index()
         texts = [f"text number {i:05} with enough bytes to anchor".encode() for i in range(5000)]
         for i, data in enumerate(texts):
-            index.add(data, f"d{i}")
+            index.add(data, f"d{i}", summary=i % 3 == 0)  # both pools fill and merge
             if i >= 100:
                 index.discard(f"d{i - 100}")
-        held = sum(level.size for level in index._levels) + len(index._fresh)
+        held = _anchored(index)
         assert len(index) == 100
         assert held <= 2 * 100 + 2 * _BATCH and len(index._used) <= held
         found = {digest for _, _, digest in index.find(b" | ".join(texts[4800:]))}
@@ -630,10 +637,10 @@ class TestIndexMemory:
         texts = [(f"text number {i:05} " + "abcdefgh" * 8).encode() for i in range(64)]
         for _ in range(200):
             for i, data in enumerate(texts):
-                index.add(data, f"d{i}")
+                index.add(data, f"d{i}", summary=i % 4 == 1)
             for i in range(0, 64, 2):
                 index.discard(f"d{i}")
-        held = sum(level.size for level in index._levels) + len(index._fresh)
+        held = _anchored(index)
         assert len(index) == 32
         assert held <= 2 * 64 + 2 * _BATCH and len(index._used) <= held
         found = {digest for _, _, digest in index.find(b" | ".join(texts))}
@@ -653,7 +660,7 @@ class TestIndexMemory:
                 region = ledger.resolve(f"a turn quoting it: {text} and more after", "w").region
                 assert region.depth == 1 and "src" in region.sources
         index = ledger._index
-        held = sum(level.size for level in index._levels) + len(index._fresh)
+        held = _anchored(index)
         assert len(ledger._entries) == 8 and held <= 2 * 32 + 2 * _BATCH
 
 
@@ -662,7 +669,7 @@ class TestIndexMemory:
 #: with `find`; or small).
 _INDEX_OPS = st.lists(
     st.one_of(
-        st.tuples(st.just("add"), st.integers(0, 79)),
+        st.tuples(st.just("add"), st.integers(0, 79), st.booleans()),
         st.tuples(st.just("discard"), st.integers(0, 79)),
         st.tuples(
             st.just("find"),

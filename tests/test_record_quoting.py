@@ -28,6 +28,8 @@ _STEP = st.one_of(
     st.tuples(st.just("source"), st.lists(st.sampled_from(WORDS), min_size=1, max_size=12)),
     st.tuples(st.just("summary"), st.lists(st.integers(0, 30), min_size=1, max_size=3)),
     st.tuples(st.just("turn"), st.lists(_PIECE, min_size=1, max_size=5)),
+    # A known text (a source's, mostly) recorded as a summary of some known texts after.
+    st.tuples(st.just("again"), st.integers(0, 30), st.lists(st.integers(0, 30), max_size=3)),
 )
 
 
@@ -63,10 +65,10 @@ class TestRecordedAsResolvingWhole:
                 text = self._text(step, texts, number)
                 if text is None:
                     continue
-                if step[0] == "summary":
+                if step[0] in ("summary", "again"):
                     for ledger in (fast, whole):
-                        region = ledger.resolve([texts[i % len(texts)] for i in step[1]], "w")
-                        ledger.record_summary(text, region.region, "w")
+                        rest = [texts[i % len(texts)] for i in step[-1]]
+                        ledger.record_summary(text, ledger.resolve(rest, "w").region, "w")
                 else:
                     got = [ledger.record_source(text, "turn") for ledger in (fast, whole)]
                     assert got[0] == got[1]
@@ -80,6 +82,8 @@ class TestRecordedAsResolvingWhole:
     def _text(step: tuple[Any, ...], texts: list[str], number: int) -> str | None:
         if step[0] == "source":
             return " ".join(step[1]) + f" {number}"
+        if step[0] == "again":
+            return texts[step[1] % len(texts)] if texts else None
         if step[0] == "summary":
             if not texts:
                 return None
@@ -118,6 +122,24 @@ class TestRecordedAsResolvingWhole:
         key = mine._message_digests(text, text.encode())[0]
         assert "again" in store.lookup([key])[key].sources
         assert mine.resolve(text, "w").region.depth >= 1
+
+    def test_a_source_another_ledger_made_a_summary_is_found_quoted_inside(self) -> None:
+        """A text with no key by content (no cut byte: anchored in the sources' automata) held
+        as a source, recorded as a summary by another ledger since: a turn quoting it inside is
+        recorded summary-bearing (the search for summaries runs the sources' pool while it is
+        promoted), as when the same ledger records it as a summary."""
+        for same in (False, True):
+            store = MemoryStore()
+            mine = Ledger(store)
+            other = mine if same else Ledger(store)
+            text = "the retry ceiling is 7 for the billing ops team"
+            assert mine._index._key_of(text.encode()) is None  # anchored, not keyed
+            mine.record_source(text, "config", "cfg")
+            other.record_summary(text, Region("r:x", depth=1, sources=frozenset({"gone"})), "w")
+            turn = f"assistant: as noted, {text}, so on"
+            mine.record_source(turn, "turn", "t1")
+            region = mine.resolve(turn, "w").region
+            assert region.depth >= 1 and "gone" in region.sources, same
 
     def test_a_short_summary_with_whitespace_around_it_is_recorded_as_bearing_it(self) -> None:
         """A summary too short to be searched inside longer text, registered again as a turn
