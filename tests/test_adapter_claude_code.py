@@ -637,6 +637,47 @@ class TestTelemetry:
         assert outcomes == [{"outcome": "undecided", "summarizer": "claude-code.compact"}]
         assert hook.log.read_text() == ""  # no decision, so no decision-log line
 
+    def test_a_run_past_its_time_budget_is_traced_and_counted(
+        self, receiver: OtlpReceiver, env: pytest.MonkeyPatch, tmp_path: Path
+    ) -> None:
+        """A run stuck past --time-budget (stdin never closes) answers block, then exports
+        its undecided span (`error.type` TimeoutError) and count before it exits: the stuck
+        worker never would, and operators would not see the refusal."""
+        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+            ExportMetricsServiceRequest,
+        )
+
+        env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        command = [str(POLICYHOOK), "claude-precompact", "--store", str(tmp_path / "s.sqlite")]
+        command += ["--time-budget", "0.5"]
+        with subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as process:
+            assert process.stdout is not None and process.stderr is not None
+            out, err = process.stdout.read(), process.stderr.read()  # EOF: the hook has exited
+            code = process.wait(timeout=60)
+        undecided(subprocess.CompletedProcess(command, code, out, err), "time budget of 0.5 s")
+        (span,) = [s for _, s in receiver.spans() if s.name == SPAN_NAME]
+        attributes = {a.key: a.value.string_value for a in span.attributes}
+        assert attributes["policyhook.outcome"] == "undecided"
+        assert attributes["error.type"] == "TimeoutError"
+        assert span.status.code == 2 and span.status.message == "undecided: TimeoutError"
+        outcomes = [
+            {a.key: a.value.string_value for a in point.attributes}
+            for r in receiver.requests
+            if r.path == "/v1/metrics"
+            for rm in ExportMetricsServiceRequest.FromString(r.body).resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+            if m.name == "policyhook.calls"
+            for point in m.sum.data_points
+        ]
+        assert outcomes == [{"outcome": "undecided", "summarizer": "claude-code.compact"}]
+
     def test_no_endpoint_no_export(
         self, hook: Hook, receiver: OtlpReceiver, env: pytest.MonkeyPatch
     ) -> None:

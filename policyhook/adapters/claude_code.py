@@ -100,6 +100,9 @@ SUMMARIZER = "claude-code.compact"
 DEFAULT_STORE = Path("~/.claude/policyhook/store.sqlite")
 DEFAULT_CONTEXT_WINDOW = 200_000
 DEFAULT_TIME_BUDGET = 10.0  # seconds, for the whole hook run
+#: Seconds a run past its time budget waits, its answer written, for its undecided span and
+#: count to be exported (when telemetry is on) before it exits.
+OVERRUN_EXPORT = 1.0
 DEFAULT_MAX_TRANSCRIPT_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_LINE_BYTES = 32 * 1024 * 1024
 MAX_STDIN_BYTES = 1024 * 1024
@@ -895,10 +898,15 @@ def _telemetry() -> Setup | None:
         return None
 
 
-def _answer(options: Options, stdin: TextIO, stdout: TextIO) -> None:
+def _answer(
+    options: Options, stdin: TextIO, stdout: TextIO, setups: list[Setup] | None = None
+) -> None:
     """Read, decide and answer; any failure is raised for `run` to answer fail-closed, and is
-    traced and counted as an undecided call (a refusal operators see beside the decisions)."""
+    traced and counted as an undecided call (a refusal operators see beside the decisions).
+    The telemetry set up is added to `setups`, for `run` to trace a run past its budget."""
     telemetry = _telemetry()
+    if telemetry is not None and setups is not None:
+        setups.append(telemetry)
     try:
         _decide_and_answer(options, stdin, stdout)
     except Exception as error:
@@ -945,7 +953,8 @@ def _decide_and_answer(options: Options, stdin: TextIO, stdout: TextIO) -> None:
 def run(options: Options, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
     """Run the hook within its time budget: exit 0, the answer on stdout, errors fail closed.
 
-    Past the budget the block answer is written and, when running as the command (no `stdout`
+    Past the budget the block answer is written, the run is traced and counted as undecided
+    (exported within `OVERRUN_EXPORT` seconds), and, when running as the command (no `stdout`
     given), the process exits at once rather than wait for the stuck work.
     """
     hard_exit = stdout is None
@@ -954,11 +963,12 @@ def run(options: Options, stdin: TextIO | None = None, stdout: TextIO | None = N
     answered = threading.Event()
     failure: list[BaseException] = []
     buffer: list[str] = []
+    setups: list[Setup] = []  # the worker's telemetry, once it is set up
 
     def work() -> None:
         out = io.StringIO()
         try:
-            _answer(options, stdin, out)
+            _answer(options, stdin, out, setups)
             buffer.append(out.getvalue())
         except BaseException as exc:  # HookError, PolicyError, sqlite3.Error, bugs: all blocked
             failure.append(exc)
@@ -973,8 +983,9 @@ def run(options: Options, stdin: TextIO | None = None, stdout: TextIO | None = N
             "(--time-budget, $POLICYHOOK_CLAUDE_TIME_BUDGET)",
             stdout,
         )
+        stdout.flush()  # (the answer first: exporting may take up to `OVERRUN_EXPORT`)
+        _trace_overrun(setups)
         if hard_exit:
-            stdout.flush()
             sys.stderr.flush()
             os._exit(EXIT_OK)
         return EXIT_OK
@@ -983,6 +994,22 @@ def run(options: Options, stdin: TextIO | None = None, stdout: TextIO | None = N
     else:
         stdout.write("".join(buffer))
     return EXIT_OK
+
+
+def _trace_overrun(setups: list[Setup]) -> None:
+    """Trace and count a run past its time budget as undecided (`error.type` TimeoutError) and
+    export it within `OVERRUN_EXPORT` s, as the stuck worker never will. Never raises."""
+    if not setups:  # no endpoint (or stuck before telemetry was set up): nothing to export
+        return
+    setup = setups[0]
+    try:
+        telemetry = Telemetry(
+            tracer_provider=setup.tracer_provider, meter_provider=setup.meter_provider
+        )
+        telemetry.undecided(SUMMARIZER, TimeoutError("the hook's time budget was spent"))
+        setup.shutdown(timeout=OVERRUN_EXPORT)
+    except Exception as exc:  # telemetry must never break the hook
+        print(f"policyhook claude-precompact: telemetry: {_describe(exc)}", file=sys.stderr)
 
 
 def _describe(error: BaseException) -> str:
