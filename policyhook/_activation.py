@@ -49,7 +49,7 @@ SCHEMA: Mapping[str, tuple[Field, ...]] = {
         Field("id", "string", "the window / session id the ledger tracks"),
         Field("tokens", "int", "tokens in the window now (0 when the runtime does not say)"),
         Field("budget", "int", "the window's token budget (0 when unknown)"),
-        Field("max_depth", "int", "deepest summary known in this window"),
+        Field("max_depth", "int", "deepest summary known in this window, the region included"),
     ),
     "summarizer": (
         Field("name", "string", "name given to the decorator"),

@@ -852,7 +852,7 @@ class Guard:
             req.window,
             req.window_tokens,
             req.window_budget,
-            region.depth if depth is None else depth,
+            region.depth if depth is None else max(depth, region.depth),  # (it is in the window)
             summarizer,
             lossless,
             idempotent,

@@ -18,6 +18,7 @@ from policyhook import (
     Guard,
     MemoryStore,
     Region,
+    Request,
     Source,
     SQLiteStore,
     UnsafeRecompactionError,
@@ -321,6 +322,26 @@ class TestExactWhateverIsCached:
         for shape in all_shapes(summary_text(1)):
             assert ledger.resolve(shape, "forked").region.depth == 1, shape
         assert ledger.max_depth("forked") == 0  # windows scope max_depth, not recognition
+
+    def test_a_window_is_at_least_as_deep_as_the_region_decided_in_it(self) -> None:
+        """`window.max_depth` counts the region decided: a depth-2 summary carried into a new
+        window (a fork) makes that window depth 2 for the policies, though nothing was
+        recorded there (a window ceiling must not pass what lies in the window)."""
+        guard = Guard(store=MemoryStore())
+        ledger = guard.ledger
+        ledger.record_source("retry ceiling is 7", kind="config_read", source_id="cfg")
+        once = ledger.record_summary(
+            "one: ceiling 7", ledger.resolve("retry ceiling is 7", "p").region, "p"
+        )
+        ledger.record_summary("two: ceiling capped", once, "p")
+        with capture_decisions(guard) as seen:
+            guard.check("two: ceiling capped", summarizer="s", request=Request(window="forked"))
+        activation = seen[0][1]
+        assert activation["region"]["depth"] == 2 and ledger.max_depth("forked") == 0
+        assert activation["window"]["max_depth"] == 2
+        with capture_decisions(guard) as seen:  # (where it was recorded: as deep as before)
+            guard.check("two: ceiling capped", summarizer="s", request=Request(window="p"))
+        assert seen[0][1]["window"]["max_depth"] == ledger.max_depth("p") == 2
 
     def test_another_process_recognises_what_one_recorded(self, tmp_path: Path) -> None:
         """Two processes on one store: a summary one records is known to the other, at once."""
