@@ -32,6 +32,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import policyhook
 from policyhook import Guard, MemoryStore, Region, SQLiteStore, Store, UnsafeRecompactionError
+from policyhook.testing import capture_decisions
 
 #: Bytes under which a known text is recognised only as a whole unit (docs/inputs.md).
 EMBEDDED = 16
@@ -222,6 +223,9 @@ class Provenance(RuleBasedStateMachine):
         self.oracle = Oracle(lambda source_id: self.stores[0].get_source(source_id) is not None)
         self.counter = itertools.count()
         self.source_ids: list[str] = []
+        #: The least depth each window's deepest summary has: a granted call's output is at
+        #: least one deeper than what the oracle found its input to be.
+        self.window_depths: dict[str, int] = {}
         self.guards: list[Guard] = []
         self.path: Path | None = None
         self.stores: list[Store] = []
@@ -354,10 +358,13 @@ class Provenance(RuleBasedStateMachine):
             own = self.oracle.unit(unit, found)
             if wrap:
                 found.gaps -= set(own)
-        with policyhook.request(window=window):
+        with policyhook.request(window=window), capture_decisions(guard) as seen:
             region = guard.provenance(value)
             decision = guard.check(value, summarizer="property")
         assert region.depth >= found.depth, (units, region, found)
+        # A window ceiling sees the region and every summary granted in the window before.
+        deepest = seen[-1][1]["window"]["max_depth"]
+        assert deepest >= max(region.depth, self.window_depths.get(window, 0)), (window, units)
         held = {s for s in found.sources - self.oracle.shared if self.oracle.held(s)}
         assert held <= region.sources, ("a live source not found", units, region, found)
         if self.must_refuse(found):
@@ -405,6 +412,8 @@ class Provenance(RuleBasedStateMachine):
         assert got == written
         if output.strip():
             self.oracle.record_summary(output.strip(), found)
+            deeper = max(self.window_depths.get(window, 0), found.depth + 1)
+            self.window_depths[window] = deeper
         if self.archive:  # what the guard archived is registered evidence from now on
             for source, text in self.stores[0].sources(1_000_000):
                 if source.kind == "window":
