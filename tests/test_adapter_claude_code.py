@@ -222,6 +222,41 @@ class TestDecisions:
         assert hook.last()["activation"]["region"]["depth"] == 1
 
 
+def stuck_run(tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """The hook run with --time-budget 0.5 on a stdin that never closes, until it exits."""
+    command = [str(POLICYHOOK), "claude-precompact", "--store", str(tmp_path / "s.sqlite")]
+    command += ["--time-budget", "0.5"]
+    with subprocess.Popen(
+        command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as process:
+        assert process.stdout is not None and process.stderr is not None
+        out, err = process.stdout.read(), process.stderr.read()  # EOF: the hook has exited
+        code = process.wait(timeout=60)
+    return subprocess.CompletedProcess(command, code, out, err)
+
+
+def calls(receiver: OtlpReceiver) -> list[dict[str, str]]:
+    """The attributes of every `policyhook.calls` point the receiver was sent."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+        ExportMetricsServiceRequest,
+    )
+
+    return [
+        {a.key: a.value.string_value for a in point.attributes}
+        for r in receiver.requests
+        if r.path == "/v1/metrics"
+        for rm in ExportMetricsServiceRequest.FromString(r.body).resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == "policyhook.calls"
+        for point in m.sum.data_points
+    ]
+
+
 def undecided(result: subprocess.CompletedProcess[str], error: str) -> str:
     """The fail-closed answer: exit 0, a block whose reason says the hook could not decide."""
     reason: str = blocked(result)["reason"]
@@ -553,20 +588,7 @@ class TestUndecidable:
     def test_time_budget_answers_instead_of_hanging(self, tmp_path: Path) -> None:
         """Whatever hangs (here stdin never closes), past --time-budget the hook blocks and
         exits."""
-        command = [str(POLICYHOOK), "claude-precompact", "--store", str(tmp_path / "s.sqlite")]
-        command += ["--time-budget", "0.5"]
-        with subprocess.Popen(
-            command,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        ) as process:
-            assert process.stdout is not None and process.stderr is not None
-            out, err = process.stdout.read(), process.stderr.read()  # EOF: the hook has exited
-            code = process.wait(timeout=60)
-        result = subprocess.CompletedProcess(command, code, out, err)
-        undecided(result, "no decision within the time budget of 0.5 s")
+        undecided(stuck_run(tmp_path), "no decision within the time budget of 0.5 s")
 
     def test_help_exits_0(self) -> None:
         command = [str(POLICYHOOK), "claude-precompact", "--help"]
@@ -610,10 +632,6 @@ class TestTelemetry:
         see it beside the decisions: a guard span with status ERROR, `error.type` and
         `policyhook.outcome=undecided`, counted in `policyhook.calls`; the reason's text stays
         out of telemetry (it goes to stderr and the answer)."""
-        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-            ExportMetricsServiceRequest,
-        )
-
         env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
         empty = tmp_path / "empty.jsonl"
         empty.write_bytes(b"")
@@ -624,17 +642,7 @@ class TestTelemetry:
         assert attributes["error.type"] == "HookError"
         assert span.status.code == 2 and span.status.message == "undecided: HookError"
         assert "empty" not in str(span)  # (the reason: on stderr and in the answer only)
-        outcomes = [
-            {a.key: a.value.string_value for a in point.attributes}
-            for r in receiver.requests
-            if r.path == "/v1/metrics"
-            for rm in ExportMetricsServiceRequest.FromString(r.body).resource_metrics
-            for sm in rm.scope_metrics
-            for m in sm.metrics
-            if m.name == "policyhook.calls"
-            for point in m.sum.data_points
-        ]
-        assert outcomes == [{"outcome": "undecided", "summarizer": "claude-code.compact"}]
+        assert calls(receiver) == [{"outcome": "undecided", "summarizer": "claude-code.compact"}]
         assert hook.log.read_text() == ""  # no decision, so no decision-log line
 
     def test_a_run_past_its_time_budget_is_traced_and_counted(
@@ -643,40 +651,14 @@ class TestTelemetry:
         """A run stuck past --time-budget (stdin never closes) answers block, then exports
         its undecided span (`error.type` TimeoutError) and count before it exits: the stuck
         worker never would, and operators would not see the refusal."""
-        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-            ExportMetricsServiceRequest,
-        )
-
         env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
-        command = [str(POLICYHOOK), "claude-precompact", "--store", str(tmp_path / "s.sqlite")]
-        command += ["--time-budget", "0.5"]
-        with subprocess.Popen(
-            command,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        ) as process:
-            assert process.stdout is not None and process.stderr is not None
-            out, err = process.stdout.read(), process.stderr.read()  # EOF: the hook has exited
-            code = process.wait(timeout=60)
-        undecided(subprocess.CompletedProcess(command, code, out, err), "time budget of 0.5 s")
+        undecided(stuck_run(tmp_path), "time budget of 0.5 s")
         (span,) = [s for _, s in receiver.spans() if s.name == SPAN_NAME]
         attributes = {a.key: a.value.string_value for a in span.attributes}
         assert attributes["policyhook.outcome"] == "undecided"
         assert attributes["error.type"] == "TimeoutError"
         assert span.status.code == 2 and span.status.message == "undecided: TimeoutError"
-        outcomes = [
-            {a.key: a.value.string_value for a in point.attributes}
-            for r in receiver.requests
-            if r.path == "/v1/metrics"
-            for rm in ExportMetricsServiceRequest.FromString(r.body).resource_metrics
-            for sm in rm.scope_metrics
-            for m in sm.metrics
-            if m.name == "policyhook.calls"
-            for point in m.sum.data_points
-        ]
-        assert outcomes == [{"outcome": "undecided", "summarizer": "claude-code.compact"}]
+        assert calls(receiver) == [{"outcome": "undecided", "summarizer": "claude-code.compact"}]
 
     def test_no_endpoint_no_export(
         self, hook: Hook, receiver: OtlpReceiver, env: pytest.MonkeyPatch
