@@ -62,3 +62,23 @@ def test_fleet_decides_on_every_store(
     )
     for store in ("sqlite", "postgres", "redis"):
         assert f"| {store} | 1 |" in out, store
+
+
+def test_instructions_counts_the_guard_beside_the_engine() -> None:
+    """`benchmarks/instructions.py --quick` under valgrind: a count per call for the fair raw
+    engine and the guard, and the guard's ratio to it, read back from the table."""
+    servers.executable("valgrind", "valgrind", "apt-get install valgrind (.ci/test does)")
+    out = _run("instructions.py", "--quick")
+    rows = {
+        cells[0]: (int(cells[1].replace(",", "")), float(cells[2].rstrip("x")))
+        for line in out.splitlines()
+        if line.startswith("| ") and not line.startswith("| what")
+        for cells in [[c.strip() for c in line.strip("|").split("|")]]
+    }
+    fair = next(v for k, v in rows.items() if k.startswith("fair raw engine"))
+    guard = next(v for k, v in rows.items() if k.startswith("guard"))
+    assert fair[1] == 1.0
+    # One call's count: tens of thousands of instructions, not millions (start-up and imports
+    # alone are billions: a count not of the difference between two runs would be far off).
+    assert 10_000 < fair[0] < 5_000_000 and 10_000 < guard[0] < 5_000_000, rows
+    assert abs(guard[1] - guard[0] / fair[0]) < 0.01, rows
