@@ -1187,6 +1187,15 @@ class _HandWrittenLoop:
 
 def _rolling(guard: Guard, rng: random.Random, calls: int, window: str = "w") -> Stats:
     """The agent loop: each call records a new turn, then summarizes [last summary, new turn]."""
+    step = _rolling_steps(guard, rng, calls)
+    with request_window(window):
+        return _loop(guard, calls, step)
+
+
+def _rolling_steps(
+    guard: Guard, rng: random.Random, calls: int
+) -> Callable[[int], Callable[[], object]]:
+    """`_rolling`'s `step(i)`: records turn i (untimed), returns call i."""
     turns = [f"user turn {i}: " + words(rng, 400) for i in range(calls)]
     outputs = iter([f"summary {i}: " + words(rng, 500) for i in range(calls)])
     summarize = guard(lambda messages: next(outputs), summarizer="bench")
@@ -1201,8 +1210,39 @@ def _rolling(guard: Guard, rng: random.Random, calls: int, window: str = "w") ->
 
         return call
 
-    with request_window(window):
-        return _loop(guard, calls, step)
+    return step
+
+
+def _windows_loop(
+    backend: cel.Backend, rng: random.Random, calls: int, windows: int
+) -> tuple[Guard, Callable[[int], Callable[[], object]], tuple[list[str], list[str], list[str]]]:
+    """The windows loop: call i in window i mod `windows`, on [a known summary, a new turn].
+
+    Returns its guard, `step(i)` (records turn i, untimed; returns call i) and the texts (seed
+    sources, known summaries, turns), for a hand-written loop on the same calls."""
+    guard = _loop_guard(MemoryStore(), backend)
+    seeds = [f"seed source {i}: " + words(rng, 300) for i in range(10)]
+    for i, text in enumerate(seeds):
+        guard.record_source(text, kind="tool_output", source_id=f"seed-{i}")
+    known = [f"known summary {i}: " + words(rng, 400) for i in range(10)]
+    for i, text in enumerate(known):
+        guard.record_summary(text, of=seeds[i], window="setup")
+    turns = [f"turn {i}: " + words(rng, 400) for i in range(calls)]
+    outputs = iter([f"output {i}: " + words(rng, 500) for i in range(calls)])
+    summarize = guard(lambda messages: next(outputs), summarizer="bench")
+
+    def step(i: int) -> Callable[[], object]:
+        guard.record_source(turns[i], kind="user_turn")
+        value = [known[i % 10], turns[i]]
+        window = f"session-{i % windows}"
+
+        def call() -> None:
+            with request_window(window):
+                summarize(value)
+
+        return call
+
+    return guard, step, (seeds, known, turns)
 
 
 @contextmanager
@@ -1252,35 +1292,7 @@ def bench_loop(report: Report, engine: Mapping[str, float], quick: bool) -> None
 
         # Windows: each call in the next of W windows, [a known summary, a new turn] each time.
         for windows in (1, 100, 1000 if quick else 10_000):
-            guard = _loop_guard(MemoryStore(), backend)
-            seeds = [f"seed source {i}: " + words(rng, 300) for i in range(10)]
-            for i, text in enumerate(seeds):
-                guard.record_source(text, kind="tool_output", source_id=f"seed-{i}")
-            known = [f"known summary {i}: " + words(rng, 400) for i in range(10)]
-            for i, text in enumerate(known):
-                guard.record_summary(text, of=seeds[i], window="setup")
-            turns = [f"turn {i}: " + words(rng, 400) for i in range(calls)]
-            outputs = iter([f"output {i}: " + words(rng, 500) for i in range(calls)])
-            summarize = guard(lambda messages, it=outputs: next(it), summarizer="bench")
-
-            def step(
-                i: int,
-                guard: Guard = guard,
-                turns: list[str] = turns,
-                known: list[str] = known,
-                summarize: Any = summarize,
-                windows: int = windows,
-            ) -> Callable[[], object]:
-                guard.record_source(turns[i], kind="user_turn")
-                value = [known[i % 10], turns[i]]
-                window = f"session-{i % windows}"
-
-                def call() -> None:
-                    with request_window(window):
-                        summarize(value)
-
-                return call  # fmt: skip
-
+            guard, step, (seeds, known, turns) = _windows_loop(backend, rng, calls, windows)
             hand = None
             if windows == 1:  # the same calls, recognised and decided by hand
                 loop = _HandWrittenLoop()

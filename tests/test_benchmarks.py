@@ -64,21 +64,31 @@ def test_fleet_decides_on_every_store(
         assert f"| {store} | 1 |" in out, store
 
 
-def test_instructions_counts_the_guard_beside_the_engine() -> None:
-    """`benchmarks/instructions.py --quick` under valgrind: a count per call for the fair raw
-    engine and the guard, and the guard's ratio to it, read back from the table."""
-    servers.executable("valgrind", "valgrind", "apt-get install valgrind (.ci/test does)")
-    out = _run("instructions.py", "--quick")
-    rows = {
+def _counted(*args: str) -> dict[str, tuple[int, float]]:
+    """`benchmarks/instructions.py` run with `args`: row -> (instructions per call, ratio)."""
+    out = _run("instructions.py", *args)
+    return {
         cells[0]: (int(cells[1].replace(",", "")), float(cells[2].rstrip("x")))
         for line in out.splitlines()
         if line.startswith("| ") and not line.startswith("| what")
         for cells in [[c.strip() for c in line.strip("|").split("|")]]
     }
+
+
+def test_instructions_counts_the_guard_beside_the_engine() -> None:
+    """`benchmarks/instructions.py --quick` under valgrind: a count per call for the fair raw
+    engine and the guard, the guard's ratio to it, and a count that is one call's: the same
+    with half as many calls counted after the same warm-up."""
+    servers.executable("valgrind", "valgrind", "apt-get install valgrind (.ci/test does)")
+    rows = _counted("--quick")
     fair = next(v for k, v in rows.items() if k.startswith("fair raw engine"))
     guard = next(v for k, v in rows.items() if k.startswith("guard"))
     assert fair[1] == 1.0
-    # One call's count: tens of thousands of instructions, not millions (start-up and imports
-    # alone are billions: a count not of the difference between two runs would be far off).
+    # Tens of thousands of instructions a call, not millions (start-up and imports alone are
+    # billions), nor near nothing (the calls missed).
     assert 10_000 < fair[0] < 5_000_000 and 10_000 < guard[0] < 5_000_000, rows
     assert abs(guard[1] - guard[0] / fair[0]) < 0.01, rows
+    # Counting the warm-up or anything outside the calls would change with their number.
+    half = _counted("--quick", "--calls", "50")
+    fair_half = next(v for k, v in half.items() if k.startswith("fair raw engine"))
+    assert abs(fair_half[0] - fair[0]) < 0.01 * fair[0], (rows, half)
