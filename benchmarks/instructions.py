@@ -45,7 +45,7 @@ from policyhook.stores import MemoryStore
 
 #: name -> what is counted, as the row says it.
 SHAPES = {
-    "fair": "fair raw engine: new activation + conversion + the 4 expressions (cel-expr-python)",
+    "fair": "fair raw engine: new activation + conversion + the 4 expressions",
     "guard": "guard, telemetry stubbed: the output merges into a known summary",
     "guard-new": "guard, telemetry stubbed, a new output every call",
     "guard-evaluated": "guard, telemetry stubbed, evaluated every call (no allow kept)",
@@ -132,14 +132,14 @@ def main() -> None:
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         futures = {name: pool.submit(count, name, calls, warmup) for name in names}
         counts = {name: future.result() for name, future in futures.items()}
-    fair = counts["fair"]
+    fair, backend = counts["fair"], default_backend().name  # (what every shape decides with)
     valgrind = subprocess.run(["valgrind", "--version"], capture_output=True, text=True).stdout
     table = render(
         "Instructions per call (callgrind)",
         ["what", "instructions per call", "vs fair raw engine"],
         [[SHAPES[name], f"{counts[name]:,.0f}", f"{counts[name] / fair:.2f}x"] for name in names],
         f"Counted by {valgrind.strip()} ({platform.python_implementation()} "
-        f"{platform.python_version()}, cel-expr-python {version('cel-expr-python')}, "
+        f"{platform.python_version()}, {backend} {version(backend)}, "
         f"{platform.machine()}): each shape in a child process, {calls:,} calls counted after "
         f"{warmup:,} (each call alone, as benchmarks/run.py times it: a loop's turn, recorded "
         "before its call, is not counted). The same shapes as benchmarks/run.py's guard table "
