@@ -4,9 +4,8 @@ Timed ratios (`benchmarks/run.py`) on a shared machine move by up to 30% between
 same code, and the targets' ratio moves with them. An instruction count does not: the same
 code, inputs and Python give the same count whatever else the machine is doing. It is not a
 time, though: the guard's Python runs fewer instructions per nanosecond than the compiled
-engine (an interpreter: its dispatch, branches and allocations), so the
-timed rows stay the targets' measure; these say which way a change moved the code, and by how
-much.
+engine (an interpreter: its dispatch, branches and allocations), so the timed rows stay the
+targets' measure; these say which way a change moved the code, and by how much.
 
 Each shape runs in a child process under callgrind, which counts only inside the calls
 measured (each made through `operator.call`, whose C function toggles the count: a call's
@@ -33,6 +32,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from functools import partial
 from importlib.metadata import version
 from pathlib import Path
@@ -88,7 +88,10 @@ def shape(name: str, calls: int) -> Step:
 def _child(name: str, calls: int, warmup: int) -> None:
     """Make `warmup` calls of `name`, then `calls` through `operator.call` (what is counted)."""
     step = shape(name, warmup + calls)
-    with run.quiet_logs(), run.request_window("w"):
+    # The rolling loop's calls run in its window, as `run._rolling` runs them; the others as
+    # run.py does (the windows loop's calls each set their own).
+    window = run.request_window("w") if name == "loop-rolling" else nullcontext()
+    with run.quiet_logs(), window:
         for i in range(warmup):
             step(i)()
         for i in range(warmup, warmup + calls):
@@ -99,7 +102,7 @@ def count(name: str, calls: int, warmup: int) -> float:
     """Instructions per call of `name`: callgrind's count inside `calls` calls after warm-up."""
     command = [
         "valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-        "--collect-atstart=no", f"--toggle-collect={_TOGGLE}",
+        f"--toggle-collect={_TOGGLE}",  # (which starts with collection off)
         sys.executable, __file__, "--child", name, str(calls), str(warmup),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same dict and set layouts every run
