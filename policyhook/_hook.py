@@ -140,8 +140,8 @@ class GuardedCall:
     """
 
     __slots__ = (
-        "_activation", "_guard", "_input", "_outcome", "_resolution", "_span", "_value",
-        "decision", "grounding", "request", "summarizer",
+        "_activation", "_guard", "_input", "_outcome", "_resolution", "_returned", "_span",
+        "_value", "decision", "grounding", "request", "summarizer",
     )  # fmt: skip
 
     def __init__(
@@ -168,6 +168,15 @@ class GuardedCall:
         self._outcome: Outcome | None = None
         #: The output's facts and their sources, when output-phase policies checked it.
         self.grounding: grounding.Grounding | None = None
+        self._returned: list[tuple[Source, str]] | None = None
+
+    def _returned_originals(self) -> list[tuple[Source, str]]:
+        """The input's dead sources whose text it holds (`Ledger.held_in`), asked once: content
+        the call reads, as unrecognised content is (grounded on, archived)."""
+        if self._returned is None:
+            dead = self._input.dead
+            self._returned = self._guard.ledger.held_in(self._value, dead) if dead else []
+        return self._returned
 
     @property
     def region(self) -> Region:
@@ -814,7 +823,10 @@ class Guard:
         resolution = self.ledger.resolve(of, window)
         regions = [self.ledger.record_summary(t, resolution.region, window) for t in _texts(output)]
         if self.archive_originals:
-            self.ledger.archive(resolution.unregistered)
+            sources = resolution.region.sources
+            live = self.store.live(sources) if resolution.live is None else resolution.live
+            returned = self.ledger.held_in(of, sources - live)
+            self.ledger.archive(resolution.unregistered, returned)
         return regions
 
     # -- the data path of one call --------------------------------------------------------------
@@ -907,7 +919,15 @@ class Guard:
                 fetched = {}  # their facts stay unverifiable: nothing to check them against
             for source_id, text in fetched.items():
                 self._facts.add(source_id, text)
-            for source_id, text in call._resolution.unregistered:  # the input's own new content
+            # the input's own new content, and its dead sources back in it verbatim (found as
+            # those sources or not: the cache's doing)
+            content = call._resolution.unregistered
+            if call._input.dead:
+                try:
+                    content += tuple((s.id, text) for s, text in call._returned_originals())
+                except Exception as error:
+                    self._store_failed(call, "lookup", error)  # they vouch for nothing
+            for source_id, text in content:
                 self._facts.add(source_id, text)
                 live.add(source_id)
                 scope.add(source_id)
@@ -962,7 +982,7 @@ class Guard:
                 outcome = "store_error"
         if self.archive_originals:
             try:
-                self.ledger.archive(resolution.unregistered)
+                self.ledger.archive(resolution.unregistered, call._returned_originals())
             except Exception as error:
                 self._store_failed(call, "put_source", error)
                 outcome = "store_error"
@@ -972,14 +992,20 @@ class Guard:
 
     def _store_failed(self, call: GuardedCall, operation: str, error: Exception) -> None:
         """After a grant: the output is the caller's whatever the store says; say what was lost."""
+        if operation in ("put_summary", "put_source"):
+            outcome = "the output is returned"
+            if operation == "put_summary":
+                outcome += (
+                    ", and written to the store before the next decision (until then, only this "
+                    "process recognises it as a summary)"
+                )
+        else:  # a read of the output check: what it would have brought vouches for nothing
+            outcome = "the output is checked without what it would have read"
         _logger.warning(
-            "policyhook: store %s failed after %r was granted; the output is returned%s",
+            "policyhook: store %s failed after %r was granted; %s",
             operation,
             call.summarizer,
-            ", and written to the store before the next decision (until then, only this process "
-            "recognises it as a summary)"
-            if operation == "put_summary"
-            else "",
+            outcome,
             exc_info=True,
         )
         self._telemetry.store_failed(call._span, operation, error)

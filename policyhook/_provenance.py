@@ -1019,14 +1019,59 @@ class Ledger:
                     self._windows[window] = max(self._windows[window], region.depth)
         return region
 
-    def archive(self, unregistered: Iterable[tuple[str, str]]) -> None:
-        """Store unrecognised original content as sources, so summaries of it stay derivable.
+    def archive(
+        self,
+        unregistered: Iterable[tuple[str, str]],
+        returned: Iterable[tuple[Source, str]] = (),
+    ) -> None:
+        """Store unrecognised original content as sources, so summaries of it stay derivable;
+        and the `returned` originals (`held_in`) again, which revives their ids.
 
         Not cached here: the content may be a known summary's text, not recognised where it was
         (a short one inside a longer unit), which must stay that summary; the store keeps it so
         (`put_source`), and the next catch-up (`since`) brings what the store holds."""
         for source_id, text in unregistered:
             self.store.put_source(Source(source_id, UNREGISTERED), text)
+        for source, text in returned:
+            try:  # the text its id names, so only a store that forgot the id refuses it
+                self.store.put_source(source, text)
+            except SourceIdConflictError:  # then it stays dead: refused later, never lost now
+                _logger.debug("policyhook: %s not revived", source.id, exc_info=True)
+
+    def held_in(self, value: Any, source_ids: AbstractSet[str]) -> list[tuple[Source, str]]:
+        """The sources of `source_ids` whose whole text `value` holds (a message, or inside one:
+        confirmed by digest), with that text: originals the input brings back.
+
+        Why: a source gone from the store (evicted, expired) but back in the window verbatim is
+        content the call reads, as unrecognised content is. Whether the guard found it as that
+        source (its text cached, or the whole message looked up) or as unrecognised content
+        (its text never cached here: nothing to search for) is the cache's doing, so the guard
+        treats both alike: as evidence in the input, and archived by `archive_originals`. A
+        Region's text is the caller's declaration and is not read here (nor archived)."""
+        found: dict[str, tuple[Source, str]] = {}
+        if not source_ids:
+            return []
+        with self._lock:
+            for item in _shapes.read(value, keep=(Region,)):
+                if not isinstance(item, str):
+                    continue
+                data = encode(item)
+                key, bare = self._message_digests(item, data)
+                whole = self._fetch([key] if bare is None else [key, bare])
+                if whole:  # a known message is that text, searched no further (as `_resolve`)
+                    message = whole.get(key) or whole[str(bare)]
+                    if message.depth == 0 and message.id in source_ids:
+                        text = item if key in whole else item.strip()
+                        found[message.id] = (Source(message.id, message.kind), text)
+                    continue
+                ordered = self._found(data, key)
+                entries = self._fetch([d for *_, d in ordered])
+                for start, negative, text_digest in ordered:
+                    entry = entries.get(text_digest)
+                    if entry is not None and entry.depth == 0 and entry.id in source_ids:
+                        text = data[start : start - negative].decode("utf-8", "surrogatepass")
+                        found.setdefault(entry.id, (Source(entry.id, entry.kind), text))
+        return list(found.values())
 
     # -- recognition ----------------------------------------------------------------------------
 

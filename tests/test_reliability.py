@@ -130,6 +130,39 @@ class TestStoreFaults:
             with pytest.raises(UnsafeRecompactionError):
                 summarize(out)
 
+    @pytest.mark.parametrize("kind", ["memory", "sqlite"])
+    @pytest.mark.parametrize("operation", OPERATIONS)
+    def test_one_failing_operation_while_an_evicted_source_comes_back(
+        self, tmp_path: Path, kind: str, operation: str
+    ) -> None:
+        """The evicted config back in the input, `archive_originals` storing it again, any
+        single store operation raising: a granted call returns its output, and a summary of it
+        is allowed only when every source it rests on is held (once the store answers, exactly
+        then)."""
+        store = Faulty(stores(tmp_path)[kind](), operation, OSError(5, "Input/output error"))
+        guard = Guard(store=store, archive_originals=True)
+        summarize = guard(constant, summarizer="s")
+        guard.record_source(CONFIG, "config_read", "cfg-7")
+        store.evict("cfg-7")
+        store.failing = True
+        try:
+            out = summarize([CONFIG, "a turn nobody registered"])
+        except UnsafeRecompactionError:  # the decision's reads failing: fail closed, nothing ran
+            assert operation in {"lookup", "view"}
+            return
+        assert out == SUMMARY
+        store.failing = False
+        region = guard.provenance([out])
+        derivable = store.live(region.sources) == region.sources
+        assert derivable or operation == "put_source"  # the one write storing it again
+        for failing in (True, False):
+            store.failing = failing
+            try:
+                allowed = summarize([out]) == SUMMARY
+            except UnsafeRecompactionError:
+                allowed = False
+            assert allowed == derivable if not failing else derivable or not allowed
+
     @pytest.mark.parametrize("operation", ["put_summary", "put_source"])
     def test_a_write_failing_after_a_grant_is_logged_counted_and_on_the_span(
         self, tmp_path: Path, operation: str, caplog: pytest.LogCaptureFixture

@@ -1,0 +1,212 @@
+"""A source gone from the store (evicted, expired) whose text comes back in the input verbatim.
+
+That text is content the call reads, as unrecognised content is. A guard finds it as the dead
+source when it can (its text cached, or the whole message looked up by digest) and as
+unrecognised content when it cannot (its text never cached in this process: nothing to search
+for). Which one is the cache's doing, so it must never change a decision: with
+`archive_originals` both store the text again (the source's id revived, or a new id), and
+summaries of the output are allowed; without it both rest on a source no store holds, and are
+refused. The output check grounds facts on it either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Collection
+from pathlib import Path
+
+import pytest
+
+from policyhook import (
+    Guard,
+    MemoryStore,
+    Source,
+    SourceIdConflictError,
+    SQLiteStore,
+    UnsafeRecompactionError,
+    request,
+)
+from policyhook._provenance import Entry
+from policyhook.testing import capture_decisions
+
+CONFIG = (
+    "deploy.yaml, as read at the start of the session: retry ceiling 7 for the deploy job, "
+    "timeouts after 30 s per attempt, rollback on the third failure, alerts to #ops-deploys"
+)
+SHAPES: dict[str, Callable[[str], list[str]]] = {
+    "whole": lambda text: [text, "and then the deploy timed out again"],
+    "embedded": lambda text: [f"tool output follows:\n{text}\nend of tool output"],
+}
+
+
+def summarizer() -> Callable[[object], str]:
+    """A new summary every pass (one recorded text each), stating one fact of the config."""
+    passes = iter(["first", "second", "third"])
+    return lambda messages: f"Summary, {next(passes)} pass: the deploy job's retry ceiling is 7."
+
+
+def restarted(tmp_path: Path, cached: bool, **options: object) -> tuple[Guard, SQLiteStore]:
+    """A guard over a store whose config was recorded, then evicted. `cached`: the same guard
+    that recorded it (its text in memory); otherwise a new process's, which never saw it."""
+    store = SQLiteStore(tmp_path / "store.db")
+    recorder = Guard(store=store, **options)  # type: ignore[arg-type]
+    recorder.record_source(CONFIG, "config_read", source_id="cfg")
+    assert store.evict("cfg")
+    if cached:
+        return recorder, store
+    store = SQLiteStore(tmp_path / "store.db")
+    return Guard(store=store, **options), store  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "restarted"])
+class TestWhateverTheCacheHeld:
+    def test_archived_again_and_its_summaries_allowed(
+        self, tmp_path: Path, cached: bool, shape: str
+    ) -> None:
+        guard, store = restarted(tmp_path, cached, archive_originals=True)
+        summarize = guard(summarizer(), summarizer="s")
+        value = SHAPES[shape](CONFIG)
+        with capture_decisions(guard, phase="input") as seen, request(window="w"):
+            output = summarize(value)
+            assert summarize([output]).startswith("Summary, ")
+        first, second = (activation["region"] for _, activation in seen)
+        assert first["depth"] == 0 and first["dead_sources"]  # the text: dead at decision time
+        assert second["depth"] == 1 and not second["dead_sources"]
+        assert any(text == CONFIG or CONFIG in text for _, text in store.sources(10))
+        found_as_the_source = cached or shape == "whole"  # else: unrecognised, a new id
+        assert store.states(["cfg"]) == {"cfg": "live" if found_as_the_source else "evicted"}
+        assert ("cfg" in guard.provenance([output]).sources) == found_as_the_source
+
+    def test_without_archive_originals_its_summaries_are_refused(
+        self, tmp_path: Path, cached: bool, shape: str
+    ) -> None:
+        guard, store = restarted(tmp_path, cached)
+        summarize = guard(summarizer(), summarizer="s")
+        output = summarize(SHAPES[shape](CONFIG))  # originals: allowed
+        with pytest.raises(UnsafeRecompactionError, match="live-sources"):
+            summarize([output])
+        assert store.states(["cfg"]) == {"cfg": "evicted"}
+        assert all(CONFIG not in text for _, text in store.sources(10))
+
+    def test_its_facts_are_grounded_on_it(self, tmp_path: Path, cached: bool, shape: str) -> None:
+        """The output's "retry ceiling of 7" is stated by the text in the input: grounded,
+        not unverifiable (only dead sources state it), with or without archiving."""
+        guard, _ = restarted(tmp_path, cached)
+        with capture_decisions(guard, phase="output") as seen:
+            guard(summarizer(), summarizer="s")(SHAPES[shape](CONFIG))
+        ((decision, activation),) = seen
+        facts = activation["summary"]
+        assert decision.effect == "allow"
+        assert facts["grounded"] >= 1 and facts["unverifiable"] == 0 and facts["ungrounded"] == 0
+
+
+def test_an_expired_source_is_archived_again() -> None:
+    """Past the store's TTL is dead as evicted is: its text back in the input is stored again."""
+    store = MemoryStore(ttl=0.05)
+    guard = Guard(store=store, archive_originals=True)
+    guard.record_source(CONFIG, "config_read", source_id="cfg")
+    time.sleep(0.1)
+    assert store.states(["cfg"]) == {"cfg": "expired"}
+    summarize = guard(summarizer(), summarizer="s")
+    output = summarize([CONFIG])
+    assert store.states(["cfg"]) == {"cfg": "live"}
+    assert summarize([output]).startswith("Summary, ")
+
+
+def test_adapters_recording_summaries_themselves_archive_it_too(tmp_path: Path) -> None:
+    """`Guard.record_summary` (no decision: the Claude Code adapter's PostCompact) archives the
+    dead sources its input holds, as a granted call does."""
+    guard, store = restarted(tmp_path, cached=False, archive_originals=True)
+    (region,) = guard.record_summary("the deploy retries up to 7 times", of=[CONFIG, "a turn"])
+    assert region.depth == 1 and "cfg" in region.sources
+    assert store.states(["cfg"]) == {"cfg": "live"}
+    assert guard.check(["the deploy retries up to 7 times"], summarizer="s").effect == "allow"
+
+
+class Refusing(MemoryStore):
+    """A store that will not take `cfg` again: `fault` raised on its put."""
+
+    def __init__(self, fault: Callable[[], Exception]) -> None:
+        super().__init__()
+        self.fault, self.failing = fault, False
+
+    def put_source(self, source: Source, text: str) -> None:
+        if self.failing and source.id == "cfg":
+            raise self.fault()
+        super().put_source(source, text)
+
+
+def refusing_guard(fault: Callable[[], Exception]) -> tuple[Guard, Refusing]:
+    store = Refusing(fault)
+    guard = Guard(store=store, archive_originals=True)
+    guard.record_source(CONFIG, "config_read", source_id="cfg")
+    store.evict("cfg")
+    store.failing = True
+    return guard, store
+
+
+def test_a_store_that_cannot_take_the_id_back_leaves_it_dead(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A bounded store that forgot the id refuses it (`SourceIdConflictError`): not a store
+    failure, the output is returned, and the source stays dead (its summaries refused)."""
+    guard, store = refusing_guard(lambda: SourceIdConflictError("cfg", "is not known here"))
+    summarize = guard(summarizer(), summarizer="s")
+    with caplog.at_level(logging.WARNING, logger="policyhook"):
+        output = summarize([CONFIG, "a turn"])
+    assert caplog.text == ""
+    assert output.startswith("Summary, ")
+    assert store.states(["cfg"]) == {"cfg": "evicted"}
+    with pytest.raises(UnsafeRecompactionError, match="live-sources"):
+        summarize([output])
+
+
+def test_a_store_failing_to_take_it_back_is_a_store_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Any other failure is the store's: logged as one, the output still the caller's."""
+    guard, store = refusing_guard(lambda: OSError(28, "No space left on device"))
+    with caplog.at_level(logging.WARNING, logger="policyhook"):
+        output = guard(summarizer(), summarizer="s")([CONFIG, "a turn"])
+    assert output.startswith("Summary, ")
+    assert "store put_source failed" in caplog.text
+    assert CONFIG not in caplog.text  # no region text in the log
+    assert store.states(["cfg"]) == {"cfg": "evicted"}
+
+
+def test_a_store_failing_while_the_output_is_checked_grounds_nothing_on_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The store failing while the output check looks for the input's dead sources (the guard
+    caches one text: the rest is asked of the store): their texts vouch for nothing, so the
+    number only the config states is ungrounded and the output refused (fail closed)."""
+
+    class Failing(MemoryStore):
+        failing = False
+
+        def lookup(self, digests: Collection[str]) -> dict[str, Entry]:
+            if self.failing:
+                raise OSError(5, "Input/output error")
+            return super().lookup(digests)
+
+    store = Failing()
+    guard = Guard(store=store, max_texts=1)
+    guard.record_source(CONFIG, "config_read", source_id="cfg")
+    store.evict("cfg")
+    passes = summarizer()
+
+    def summarize(messages: object) -> str:
+        store.failing = True  # after the decision, before the output is checked
+        return passes(messages)
+
+    with (
+        caplog.at_level(logging.WARNING, logger="policyhook"),
+        pytest.raises(UnsafeRecompactionError, match="ungrounded: number"),
+    ):
+        guard(summarize, summarizer="s")([CONFIG, "a turn"])
+    assert "store lookup failed after 's' was granted; the output is checked without" in caplog.text
+    assert CONFIG not in caplog.text
+    store.failing = False
+    assert guard(summarizer(), summarizer="s")([CONFIG, "a turn"]).startswith("Summary, ")
