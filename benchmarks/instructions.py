@@ -37,6 +37,7 @@ from functools import partial
 from importlib.metadata import version
 from pathlib import Path
 
+import grounding
 import run
 from run import render
 
@@ -48,6 +49,7 @@ SHAPES = {
     "fair": "fair raw engine: new activation + conversion + the 4 expressions",
     "guard": "guard, telemetry stubbed: the output merges into a known summary",
     "guard-new": "guard, telemetry stubbed, a new output every call",
+    "guard-new-real": "guard, telemetry stubbed, a new output every call, real text",
     "guard-evaluated": "guard, telemetry stubbed, evaluated every call (no allow kept)",
     "decide-evaluated": "`PolicySet.decide`, evaluated (no allow kept)",
     "loop-window": "agent loop, 1 window: [a known summary, a new turn], a new output (the call)",
@@ -68,8 +70,17 @@ def shape(name: str, calls: int) -> Step:
         fair = run.fair_raw(run.input_policies(backend))
         return lambda i: fair
     if name.startswith("guard"):
+        outputs = None
+        if name == "guard-new-real":
+            outputs = real_outputs(run.GUARDED_SUMMARY_CHARS)
+            if len(outputs) < calls + 1:  # (the guard's first call is made in setting it up)
+                raise ValueError(f"{name}: only {len(outputs):,} new outputs, for {calls:,} calls")
         call, _, _ = run._guarded_setup(
-            backend, "none", new_outputs=name == "guard-new", keep=name != "guard-evaluated"
+            backend,
+            "none",
+            new_outputs=name.startswith("guard-new"),
+            keep=name != "guard-evaluated",
+            outputs=None if outputs is None else iter(outputs),
         )
         return lambda i: call
     if name == "decide-evaluated":
@@ -83,6 +94,20 @@ def shape(name: str, calls: int) -> Step:
         guard = run._loop_guard(MemoryStore(), backend)
         return run._rolling_steps(guard, random.Random(13), calls)
     raise ValueError(f"unknown shape {name!r}: one of {', '.join(SHAPES)}")
+
+
+def real_outputs(size: int) -> list[str]:
+    """Texts of `size` characters, each new: the pieces, cut end to end, of what the real Claude
+    Code sessions of tests/fixtures/grounding showed their summarizers (as benchmarks/grounding.py
+    reads them). Against the benchmark's outputs (64 bodies of a 17-word vocabulary after a
+    unique number), whether those make a new output's record cost more than a real one's."""
+    pieces: dict[str, None] = {}
+    for name in grounding.SESSIONS:
+        history, _ = grounding.session(name)
+        for _, text in history:
+            for at in range(0, len(text) - size + 1, size):
+                pieces[text[at : at + size]] = None
+    return list(pieces)
 
 
 def _child(name: str, calls: int, warmup: int) -> None:

@@ -457,14 +457,19 @@ class _NoTelemetry:
 
 
 def _guarded_setup(
-    backend: cel.Backend, telemetry: str, new_outputs: bool = False, keep: bool = True
+    backend: cel.Backend,
+    telemetry: str,
+    new_outputs: bool = False,
+    keep: bool = True,
+    outputs: Iterator[str] | None = None,
 ) -> tuple[Callable[[], object], Callable[[], object], Callable[[], None]]:
     """A guard around a no-op summarizer, its input, and a hook to drop exported telemetry.
 
     `telemetry`: "none" (stubbed out), "api" (OTel API, no SDK: no-op) or "sdk" (in-memory).
     `new_outputs`: the summarizer returns a text never seen before on every call (see
-    `_guarded_call`); the bare call draws its output the same way. `keep` False: the policy
-    set forgets the allows it kept before each call (it evaluates, as for values never seen).
+    `_guarded_call`; from `outputs` when given); the bare call draws its output the same way
+    (from `_fresh_outputs`). `keep` False: the policy set forgets the allows it kept before
+    each call (it evaluates, as for values never seen).
     """
     tracer_provider = meter_provider = None
     clear: Callable[[], None] = lambda: None  # noqa: E731
@@ -493,7 +498,7 @@ def _guarded_setup(
     )
     if telemetry == "none":
         guard._telemetry = _NoTelemetry()  # type: ignore[assignment]
-    guarded, value, summary = _guarded_call(guard, new_outputs)
+    guarded, value, summary = _guarded_call(guard, new_outputs, outputs)
     fresh = _fresh_outputs(summary)
     call = guarded
     if not keep:
@@ -516,20 +521,27 @@ def _fresh_outputs(summary: str) -> Iterator[str]:
     return (f"{i:08d} {bodies[i % 64]}" for i in itertools.count())
 
 
-def _guarded_call(guard: Guard, new_outputs: bool = False) -> tuple[Callable[[], object], str, str]:
+#: The size of the guarded call's summary, and of each new output (`_fresh_outputs`).
+GUARDED_SUMMARY_CHARS = 400
+
+
+def _guarded_call(
+    guard: Guard, new_outputs: bool = False, outputs: Iterator[str] | None = None
+) -> tuple[Callable[[], object], str, str]:
     """A no-op summarizer guarded by `guard`, its input (a tracked depth-1 summary and a new
     turn, 1 KB) and its output.
 
     The summarizer returns the input's own summary on every call, so each record merges into
     that summary's entry; with `new_outputs` it returns a text never seen before on every call
-    after the first (as a real summarizer's output is): each record is a new summary, and the
-    next input's search runs again (the ledger has learnt a text)."""
+    after the first (as a real summarizer's output is; drawn from `outputs` when given): each
+    record is a new summary, and the next input's search runs again (the ledger has learnt a
+    text)."""
     rng = random.Random(7)
     originals = [words(rng, 300) for _ in range(3)]
     for i, text in enumerate(originals):
         guard.record_source(text, kind="config_read", source_id=f"cfg-{i}")
-    summary = words(rng, 400)
-    fresh = _fresh_outputs(summary)
+    summary = words(rng, GUARDED_SUMMARY_CHARS)
+    fresh = _fresh_outputs(summary) if outputs is None else outputs
     tracked: list[bool] = []  # set once the summary the inputs hold is recorded
 
     @guard(summarizer="bench")
