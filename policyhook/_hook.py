@@ -921,6 +921,14 @@ class Guard:
         except Exception as error:
             self._store_failed(call, "facts", error)
             carried = None  # facts only an earlier summary stated have no source: refused
+        # the input's own new content, and its dead sources back in it verbatim (found as those
+        # sources or not: the cache's doing)
+        content = call._resolution.unregistered
+        if call._input.dead:
+            try:
+                content += tuple((s.id, text) for s, text in call._returned_originals())
+            except Exception as error:
+                self._store_failed(call, "lookup", error)  # they vouch for nothing
         written = "\n".join(remedies.without_pointers(t) for t in texts)
         with self._grounding:  # the index is a bounded cache: fill, check, then trim, as one
             missing = [s for s in live if s not in self._facts]
@@ -931,14 +939,6 @@ class Guard:
                 fetched = {}  # their facts stay unverifiable: nothing to check them against
             for source_id, text in fetched.items():
                 self._facts.add(source_id, text)
-            # the input's own new content, and its dead sources back in it verbatim (found as
-            # those sources or not: the cache's doing)
-            content = call._resolution.unregistered
-            if call._input.dead:
-                try:
-                    content += tuple((s.id, text) for s, text in call._returned_originals())
-                except Exception as error:
-                    self._store_failed(call, "lookup", error)  # they vouch for nothing
             for source_id, text in content:
                 self._facts.add(source_id, text)
                 live.add(source_id)

@@ -1062,7 +1062,7 @@ class Ledger:
                     message = whole.get(key) or whole[str(bare)]
                     if message.depth == 0 and message.id in source_ids:
                         text = item if key in whole else item.strip()
-                        found[message.id] = (Source(message.id, message.kind), text)
+                        found.setdefault(message.id, (Source(message.id, message.kind), text))
                     continue
                 ordered = self._found(data, key)
                 entries = self._fetch([d for *_, d in ordered])
