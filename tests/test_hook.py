@@ -297,6 +297,21 @@ spec:
         out = summarize("an original transcript no one registered")
         assert summarize(out).startswith("summary #")  # allowed: sources are live
 
+    def test_archive_originals_archives_after_the_grant_not_before_the_decision(self) -> None:
+        """Unregistered content is dead when the call is decided, archived or not: a summary
+        of "summary + an unregistered turn" is refused (docs/adapters.md: register the turns);
+        registered, the same input is allowed."""
+        guard = Guard(archive_originals=True)
+        summarize = guard(lambda t: f"summary #{len(t)} of the content so far", summarizer="s")
+        out = summarize("an original transcript no one registered")
+        turn = "a new turn, the user asking for the deploy's status"
+        with pytest.raises(UnsafeRecompactionError, match="1 of 2 sources gone") as refused:
+            summarize([out, turn])
+        assert refused.value.dead_sources[0].startswith("window:")
+        assert all(turn != text for _, text in guard.store.sources(10))  # nothing archived
+        guard.record_source(turn, "user_turn")
+        assert summarize([out, turn]).startswith("summary #")
+
     def test_error_message_tells_what_and_why(self) -> None:
         """str(UnsafeRecompactionError) names the region, depth, dead sources, policy and rule."""
         guard = Guard()
