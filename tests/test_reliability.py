@@ -141,7 +141,7 @@ class TestStoreFaults:
         then)."""
         store = Faulty(stores(tmp_path)[kind](), operation, OSError(5, "Input/output error"))
         guard = Guard(store=store, archive_originals=True)
-        summarize = guard(constant, summarizer="s")
+        summarize = guard(constant_of, summarizer="s")
         guard.record_source(CONFIG, "config_read", "cfg-7")
         store.evict("cfg-7")
         store.failing = True
@@ -455,6 +455,10 @@ class TestFork:
 
 
 def constant(text: str) -> str:
+    return SUMMARY
+
+
+def constant_of(messages: list[str]) -> str:
     return SUMMARY
 
 
