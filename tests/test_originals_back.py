@@ -36,6 +36,7 @@ CONFIG = (
 )
 SHAPES: dict[str, Callable[[str], list[str]]] = {
     "whole": lambda text: [text, "and then the deploy timed out again"],
+    "padded": lambda text: [f"\n{text}  \n", "and then the deploy timed out again"],
     "embedded": lambda text: [f"tool output follows:\n{text}\nend of tool output"],
 }
 
@@ -75,7 +76,7 @@ class TestWhateverTheCacheHeld:
         assert first["depth"] == 0 and first["dead_sources"]  # the text: dead at decision time
         assert second["depth"] == 1 and not second["dead_sources"]
         assert any(text == CONFIG or CONFIG in text for _, text in store.sources(10))
-        found_as_the_source = cached or shape == "whole"  # else: unrecognised, a new id
+        found_as_the_source = cached or shape != "embedded"  # else: unrecognised, a new id
         assert store.states(["cfg"]) == {"cfg": "live" if found_as_the_source else "evicted"}
         assert ("cfg" in guard.provenance([output]).sources) == found_as_the_source
 
