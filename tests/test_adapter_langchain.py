@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from policyhook import Guard, UnsafeRecompactionError, remedies
+from policyhook import Guard, MemoryStore, UnsafeRecompactionError, remedies
 from policyhook._loader import compile_sources
 from policyhook.adapters.langchain import GuardedSummarizationMiddleware
 from policyhook.testing import capture_decisions
@@ -338,3 +338,29 @@ def test_a_confabulated_number_is_answered_by_the_remedy() -> None:
     pointer = str(after[0].content)
     assert pointer.startswith(PREFIX + "[policyhook offload offload:")
     assert "capped at 5" not in pointer
+
+
+def test_a_store_smaller_than_the_window_still_grounds_the_summary_on_its_messages() -> None:
+    """A bounded store (`max_sources=2`) evicts the oldest messages while they are still in the
+    state: the summarized messages' sources are mostly dead when the summary is checked. Their
+    texts are in the input, so the faithful number the first message states is grounded on it
+    and the summary is kept (it was refused by `grounded-numbers` and replaced by a pointer)."""
+    guard = Guard(store=MemoryStore(max_sources=2))
+    model = ToolCallingFake(messages=iter([AIMessage(f"answer {i}") for i in range(50)]))
+    middleware = GuardedSummarizationMiddleware(
+        FakeListChatModel(responses=["SUMMARY: the retry ceiling is 7 (from the config)"]),
+        guard=guard,
+        trigger=("messages", 6),
+        keep=("messages", 2),
+    )
+    agent = create_agent(
+        model=model, tools=[], middleware=[middleware], checkpointer=InMemorySaver()
+    )
+    config = {"configurable": {"thread_id": "thread-1"}}
+    with capture_decisions(guard) as seen:
+        after = _ask(agent, config, "q0: read config: retry ceiling 7", "q1", "q2", "q3")
+    (_, checked), (decision, output) = seen
+    assert len(checked["region"]["dead_sources"]) >= 3  # evicted by the store's bound
+    assert decision.effect == "allow"
+    assert (output["summary"]["grounded"], output["summary"]["ungrounded"]) == (1, 0)
+    assert after[0].content == PREFIX + "SUMMARY: the retry ceiling is 7 (from the config)"
