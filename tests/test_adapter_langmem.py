@@ -19,7 +19,7 @@ from langgraph.graph.message import add_messages
 from langmem.short_term import RunningSummary  # type: ignore[import-untyped]
 from langmem.short_term import summarize_messages as langmem_summarize
 
-from policyhook import Guard, UnsafeRecompactionError, remedies
+from policyhook import Guard, MemoryStore, UnsafeRecompactionError, remedies
 from policyhook._loader import compile_sources
 from policyhook.adapters.langmem import (
     GuardedSummarizationNode,
@@ -257,3 +257,19 @@ def test_a_confabulated_number_is_answered_by_the_remedy() -> None:
     assert seen[-1][0].rule == "grounded-numbers"
     summary = result.running_summary.summary
     assert summary.startswith("[policyhook offload offload:") and "capped at 5" not in summary
+
+
+def test_a_store_smaller_than_the_conversation_still_grounds_the_summary_on_its_messages() -> None:
+    """A bounded store (`max_sources=2`) evicts the oldest messages while they are still in the
+    list langmem summarizes: their texts are in the input, so the number the first question
+    states is grounded on it and the running summary is kept, not replaced by a pointer."""
+    chat = Conversation(Guard(store=MemoryStore(max_sources=2)))
+    chat.model = FakeListChatModel(responses=["S1: the retry ceiling is 7"])
+    chat.messages = [HumanMessage("read the config: retry ceiling 7", id="config")]
+    with capture_decisions(chat.guard) as seen:
+        result = chat.say(2)
+    (_, checked), (decision, output) = seen
+    assert checked["region"]["dead_sources"]  # evicted by the store's bound
+    assert decision.effect == "allow"
+    assert (output["summary"]["grounded"], output["summary"]["ungrounded"]) == (1, 0)
+    assert result.running_summary.summary == "S1: the retry ceiling is 7"
