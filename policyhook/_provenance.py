@@ -1052,17 +1052,21 @@ class Ledger:
         if not source_ids:
             return []
         with self._lock:
+            cached = self._entries.get  # (a resolve has just cached most of them)
             for item in _shapes.read(value, keep=(Region,)):
                 if not isinstance(item, str):
                     continue
                 data = encode(item)
                 key, bare = self._message_digests(item, data)
-                whole = self._fetch([key] if bare is None else [key, bare])
-                if whole:  # a known message is that text, searched no further (as `_resolve`)
-                    message = whole.get(key) or whole[str(bare)]
+                message = cached(key) or (None if bare is None else cached(bare))
+                if message is None:
+                    whole = self._fetch([key] if bare is None else [key, bare])
+                    message = whole.get(key) or (None if bare is None else whole.get(bare))
+                if message is not None:  # a known message is that text, searched no further
                     if message.depth == 0 and message.id in source_ids:
-                        text = item if key in whole else item.strip()
-                        found.setdefault(message.id, (Source(message.id, message.kind), text))
+                        text = item if message.digest == key else item.strip()
+                        source = _made(Source, {"id": message.id, "kind": message.kind})
+                        found.setdefault(message.id, (source, text))
                     continue
                 ordered = self._found(data, key)
                 entries = self._fetch([d for *_, d in ordered])
