@@ -42,11 +42,14 @@ class ToolCallingFake(GenericFakeChatModel):
         return self
 
 
-def _agent(guard: Guard, **options: Any) -> tuple[Any, dict[str, Any]]:
-    """An agent that summarizes at 7 messages, keeping the last 2, with scripted models."""
+def _agent(
+    guard: Guard, summaries: list[str] = SUMMARIES, **options: Any
+) -> tuple[Any, dict[str, Any]]:
+    """An agent that summarizes at 7 messages, keeping the last 2, with scripted models (its
+    summarizer answers `summaries`, in turn)."""
     model = ToolCallingFake(messages=iter([AIMessage(f"answer {i}") for i in range(50)]))
     middleware = GuardedSummarizationMiddleware(
-        FakeListChatModel(responses=SUMMARIES),
+        FakeListChatModel(responses=summaries),
         guard=guard,
         trigger=("messages", 6),
         keep=("messages", 2),
@@ -321,17 +324,7 @@ def test_a_confabulated_number_is_answered_by_the_remedy() -> None:
     middleware's remedy (pin, the default's) puts a pointer to the archived messages in its
     place, and the agent goes on."""
     guard = Guard()
-    model = ToolCallingFake(messages=iter([AIMessage(f"answer {i}") for i in range(50)]))
-    middleware = GuardedSummarizationMiddleware(
-        FakeListChatModel(responses=["SUMMARY: retries capped at 5"]),
-        guard=guard,
-        trigger=("messages", 6),
-        keep=("messages", 2),
-    )
-    agent = create_agent(
-        model=model, tools=[], middleware=[middleware], checkpointer=InMemorySaver()
-    )
-    config = {"configurable": {"thread_id": "thread-1"}}
+    agent, config = _agent(guard, ["SUMMARY: retries capped at 5"])
     with capture_decisions(guard) as seen:
         after = _first_pass(agent, config)
     assert [(d.effect, d.rule) for d, _ in seen][-1] == ("deny", "grounded-numbers")
@@ -346,17 +339,7 @@ def test_a_store_smaller_than_the_window_still_grounds_the_summary_on_its_messag
     texts are in the input, so the faithful number the first message states is grounded on it
     and the summary is kept (it was refused by `grounded-numbers` and replaced by a pointer)."""
     guard = Guard(store=MemoryStore(max_sources=2))
-    model = ToolCallingFake(messages=iter([AIMessage(f"answer {i}") for i in range(50)]))
-    middleware = GuardedSummarizationMiddleware(
-        FakeListChatModel(responses=["SUMMARY: the retry ceiling is 7 (from the config)"]),
-        guard=guard,
-        trigger=("messages", 6),
-        keep=("messages", 2),
-    )
-    agent = create_agent(
-        model=model, tools=[], middleware=[middleware], checkpointer=InMemorySaver()
-    )
-    config = {"configurable": {"thread_id": "thread-1"}}
+    agent, config = _agent(guard, ["SUMMARY: the retry ceiling is 7 (from the config)"])
     with capture_decisions(guard) as seen:
         after = _ask(agent, config, "q0: read config: retry ceiling 7", "q1", "q2", "q3")
     (_, checked), (decision, output) = seen
