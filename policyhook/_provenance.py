@@ -1048,9 +1048,9 @@ class Ledger:
         (its text never cached here: nothing to search for) is the cache's doing, so the guard
         treats both alike: as evidence in the input, and archived by `archive_originals`. A
         Region's text is the caller's declaration and is not read here (nor archived)."""
-        found: dict[str, tuple[Source, str]] = {}
         if not source_ids:
             return []
+        found: dict[str, tuple[Source, str]] = {}
         with self._lock:
             cached = self._entries.get  # (a resolve has just cached most of them)
             for item in _shapes.read(value, keep=(Region,)):
