@@ -27,7 +27,6 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from collections.abc import Set as AbstractSet
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
@@ -175,9 +174,8 @@ class GuardedCall:
         """The input's dead sources whose text it holds (`Ledger.held_in`), asked once: content
         the call reads, as unrecognised content is (grounded on, archived)."""
         if self._returned is None:
-            self._returned = _held_in(
-                self._guard.ledger, self._value, self._resolution, self._input.dead
-            )
+            ledger = self._guard.ledger
+            self._returned = ledger.held_in(self._value, self._resolution, self._input.dead)
         return self._returned
 
     @property
@@ -210,16 +208,6 @@ class GuardedCall:
     def _end(self, outcome: Outcome) -> None:
         """The call is over: its outcome goes on the span, a metric and the decision log."""
         self._guard._ended(self, outcome)
-
-
-def _held_in(
-    ledger: Ledger, value: Any, resolution: Resolution, dead: AbstractSet[str]
-) -> list[tuple[Source, str]]:
-    """`ledger.held_in(value, ...)` for the dead sources of `resolution` besides its gaps (dead
-    until archived, and not found as any source: most inputs' only dead ids, so not looked for)."""
-    if dead and resolution.unregistered:
-        dead = dead - {source_id for source_id, _ in resolution.unregistered}
-    return ledger.held_in(value, dead) if dead else []
 
 
 class _Guarding:
@@ -837,7 +825,7 @@ class Guard:
         if self.archive_originals:
             sources = resolution.region.sources
             live = self.store.live(sources) if resolution.live is None else resolution.live
-            returned = _held_in(self.ledger, of, resolution, sources - live)
+            returned = self.ledger.held_in(of, resolution, sources - live)
             self.ledger.archive(resolution.unregistered, returned)
         return regions
 

@@ -1038,9 +1038,13 @@ class Ledger:
             except SourceIdConflictError:  # then it stays dead: refused later, never lost now
                 _logger.debug("policyhook: %s not revived", source.id, exc_info=True)
 
-    def held_in(self, value: Any, source_ids: AbstractSet[str]) -> list[tuple[Source, str]]:
-        """The sources of `source_ids` whose whole text `value` holds (a message, or inside one:
-        confirmed by digest), with that text: originals the input brings back.
+    def held_in(
+        self, value: Any, resolution: Resolution, dead: AbstractSet[str]
+    ) -> list[tuple[Source, str]]:
+        """The sources of `dead` whose whole text `value` (resolved as `resolution`) holds, as a
+        message or inside one (confirmed by digest), with that text: originals the input brings
+        back. Its gaps are not looked for: dead until archived and no source's text, they are
+        most inputs' only dead ids.
 
         Why: a source gone from the store (evicted, expired) but back in the window verbatim is
         content the call reads, as unrecognised content is. Whether the guard found it as that
@@ -1048,6 +1052,8 @@ class Ledger:
         (its text never cached here: nothing to search for) is the cache's doing, so the guard
         treats both alike: as evidence in the input, and archived by `archive_originals`. A
         Region's text is the caller's declaration and is not read here (nor archived)."""
+        gaps = resolution.unregistered
+        source_ids = dead - {source_id for source_id, _ in gaps} if dead and gaps else dead
         if not source_ids:
             return []
         found: dict[str, tuple[Source, str]] = {}
