@@ -27,8 +27,8 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from contextlib import AbstractContextManager, contextmanager
-from contextvars import ContextVar
+from contextlib import AbstractContextManager, ContextDecorator, contextmanager
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar, cast, overload
@@ -79,6 +79,21 @@ class Request:
 
     def __post_init__(self) -> None:
         """Every field checked here, at the call: a bad value must not reach the policy engine."""
+        trigger, pressure, window = self.trigger, self.budget_pressure, self.window
+        attempt, tokens, budget = self.attempt, self.window_tokens, self.window_budget
+        if (  # the usual values, in one expression (adapters make a request per call)
+            (trigger is None or trigger == "automatic" or trigger == "manual")
+            and type(pressure) is float
+            and 0.0 <= pressure <= 1.0
+            and type(attempt) is type(tokens) is type(budget) is int
+            and attempt >= 1
+            and tokens | budget >= 0  # (negative if either is)
+            and attempt | tokens | budget <= INT64_MAX
+            and type(window) is str
+            and window.isascii()  # (so no lone surrogate: `_shapes.check_id`)
+            and window != ""
+        ):
+            return
         if self.trigger is not None and self.trigger not in schema.TRIGGERS:
             raise ValueError(f'"trigger" must be automatic or manual: {self.trigger!r}')
         pressure = self.budget_pressure
@@ -114,20 +129,37 @@ def _with_trigger(request: Request, trigger: str) -> Request:
     return replace(request, trigger=trigger)
 
 
-@contextmanager
-def request(**fields: Any) -> Iterator[Request]:
+def request(**fields: Any) -> _RequestBlock:
     """Describe the compaction for guarded calls made in this context (threads and tasks alike).
 
     >>> with policyhook.request(trigger="manual", budget_pressure=0.9, window="session-7"):
     ...     summarize(messages)
+
+    Also a decorator (`@policyhook.request(window=...)`). The fields are merged with the
+    enclosing request, and checked, when the block is entered.
     """
-    outer = _current_request.get()
-    current = replace(outer, **fields) if outer is not None else Request(**fields)
-    token = _current_request.set(current)
-    try:
-        yield current
-    finally:
-        _current_request.reset(token)
+    return _RequestBlock(fields)
+
+
+class _RequestBlock(ContextDecorator):
+    """The block of one `request(...)`. A plain context manager, not a generator's: adapters
+    enter one per call, and contextlib's generator machinery cost more than the request."""
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self._fields = fields
+        self._tokens: list[Token[Request | None]] = []  # (a stack: a block may be re-entered)
+
+    def _recreate_cm(self) -> _RequestBlock:
+        return _RequestBlock(self._fields)  # each call of a decorated function its own block
+
+    def __enter__(self) -> Request:
+        outer, fields = _current_request.get(), self._fields
+        current = replace(outer, **fields) if outer is not None else Request(**fields)
+        self._tokens.append(_current_request.set(current))
+        return current
+
+    def __exit__(self, *exc: object) -> None:
+        _current_request.reset(self._tokens.pop())
 
 
 class GuardedCall:

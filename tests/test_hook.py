@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 import policyhook
 from policyhook import Guard, MemoryStore, UnsafeRecompactionError
@@ -366,6 +368,130 @@ class TestConcurrency:
         for t in threads:
             t.join()
         assert wrong == []
+
+
+def _request_accepted(fields: dict[str, Any]) -> bool:
+    """The documented rules for `policyhook.Request`, field by field (the oracle)."""
+
+    def within(value: Any, low: int) -> bool:
+        return type(value) is not bool and isinstance(value, int) and low <= value <= 2**63 - 1
+
+    pressure = fields.get("budget_pressure", 0.0)
+    window = fields.get("window", "default")
+    return (
+        fields.get("trigger") in (None, "automatic", "manual")
+        and type(pressure) is not bool
+        and isinstance(pressure, int | float)
+        and 0.0 <= pressure <= 1.0
+        and within(fields.get("attempt", 1), 1)
+        and within(fields.get("window_tokens", 0), 0)
+        and within(fields.get("window_budget", 0), 0)
+        and isinstance(window, str)
+        and window != ""
+        and not any(0xD800 <= ord(c) <= 0xDFFF for c in window)
+    )
+
+
+_ANY_VALUE = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**64), max_value=2**64),
+    st.sampled_from([0, 1, 2**63 - 1, 2**63, -1]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from(["automatic", "manual", "", "w", "session-\ud83d", "sometimes"]),
+    st.text(max_size=8),
+)
+
+
+#: Each field valid or any value at all (so most examples are one bad field from valid).
+_REQUEST_FIELDS = {
+    name: st.one_of(valid, _ANY_VALUE)
+    for name, valid in {
+        "trigger": st.sampled_from([None, "automatic", "manual"]),
+        "budget_pressure": st.one_of(st.floats(0.0, 1.0), st.sampled_from([0, 1])),
+        "attempt": st.integers(1, 2**63 - 1),
+        "window": st.text(min_size=1, max_size=8),
+        "window_tokens": st.integers(0, 2**63 - 1),
+        "window_budget": st.integers(0, 2**63 - 1),
+    }.items()
+}
+
+
+class TestRequest:
+    @settings(max_examples=400, deadline=None)
+    @given(st.fixed_dictionaries({}, optional=_REQUEST_FIELDS))
+    @example({"window": ""})  # the edges of each field, always tried
+    @example({"attempt": 0, "window_tokens": 2**63 - 1})
+    @example({"window_budget": -1, "window": "w"})
+    @example({"budget_pressure": float("nan")})
+    @example({"attempt": 2**63})
+    @example({"window_budget": 2**64, "trigger": "manual"})
+    @example({"budget_pressure": 1})
+    def test_a_request_is_accepted_exactly_when_every_field_is_valid(
+        self, fields: dict[str, Any]
+    ) -> None:
+        """Any mix of types and values: `Request(...)` accepts exactly what the documented rules
+        accept (its one-expression check of the usual values never lets another through), and
+        an accepted pressure is a float."""
+        try:
+            made = policyhook.Request(**fields)
+        except ValueError:
+            assert not _request_accepted(fields)
+        else:
+            assert _request_accepted(fields)
+            assert type(made.budget_pressure) is float
+
+    def test_a_request_block_is_also_a_decorator(self) -> None:
+        """`@policyhook.request(...)` puts the request in force for each call of the function,
+        and restores the enclosing one after it, as the `with` block does."""
+
+        @policyhook.request(window="decorated", budget_pressure=0.5)
+        def inside() -> policyhook.Request:
+            return policyhook.current_request()
+
+        with policyhook.request(trigger="manual"):
+            assert (inside().window, inside().trigger) == ("decorated", "manual")
+            assert policyhook.current_request().window == "default"
+        assert policyhook.current_request() == policyhook.Request()
+
+    def test_one_block_entered_again_inside_itself_restores_each_level(self) -> None:
+        """The same block entered twice, nested, leaves each level's request in force on exit."""
+        block = policyhook.request(window="outer")
+        with block as first:
+            with policyhook.request(attempt=2), block as second:
+                assert (second.window, second.attempt) == ("outer", 2)
+            assert policyhook.current_request() is first
+        assert policyhook.current_request() == policyhook.Request()
+
+    def test_fields_are_merged_and_checked_when_the_block_is_entered(self) -> None:
+        """A block made outside another takes the enclosing request where it is entered; a bad
+        field fails there, and the enclosing request stays in force."""
+        block = policyhook.request(attempt=3)
+        with policyhook.request(window="entered"):
+            with block as current:
+                assert (current.window, current.attempt) == ("entered", 3)
+            bad = policyhook.request(budget_pressure=2.0)
+            with pytest.raises(ValueError, match="budget_pressure"), bad:
+                pass
+            assert policyhook.current_request().window == "entered"
+
+    def test_threads_see_only_their_own_request(self) -> None:
+        """A request in force in one thread is not seen by another."""
+        seen: list[str] = []
+        ready, done = threading.Event(), threading.Event()
+
+        def other() -> None:
+            ready.wait(5)
+            seen.append(policyhook.current_request().window)
+            done.set()
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        with policyhook.request(window="main-only"):
+            ready.set()
+            done.wait(5)
+        thread.join()
+        assert seen == ["default"]
 
 
 def test_from_path_loads_the_policy_folder() -> None:
