@@ -173,7 +173,7 @@ class GuardedCall:
 
     __slots__ = (
         "_activation", "_guard", "_input", "_outcome", "_resolution", "_returned", "_span",
-        "_value", "decision", "grounding", "request", "summarizer",
+        "_units", "_value", "decision", "grounding", "request", "summarizer",
     )  # fmt: skip
 
     def __init__(
@@ -186,11 +186,13 @@ class GuardedCall:
         activation: schema.Activation,
         span: Span,
         value: Any = None,
+        units: Sequence[Region | str] = (),
     ) -> None:
         self.summarizer = summarizer
         self.request = request
         self.decision = decision
         self._value = value
+        self._units = units  # the input as the guard read it (`_shapes.read`)
         self._guard = guard
         self._resolution = resolution
         self._input = activation  # what the input was decided on (the output check reads it)
@@ -227,10 +229,9 @@ class GuardedCall:
         if self._outcome is not None:
             raise RuntimeError(f"guarded call of {self.summarizer!r} was already recorded")
         if isinstance(output, str):
-            value = self._value
-            text = value if type(value) is str else _joined(value)  # a str input: as it is
-            if remedies.POINTER_PREFIX in text:
-                output = cast(T, remedies.carried(_shapes.read(value), output))
+            texts = _unit_texts(self._value, self._units)
+            if any(remedies.POINTER_PREFIX in text for text in texts):
+                output = cast(T, remedies.carried(texts, output))
         guard = self._guard
         if guard.policies.checks_output:  # they decide before anything is recorded (raising)
             output = guard._check_output(output, self)
@@ -875,7 +876,8 @@ class Guard:
         """Decide one call inside its span; raises `UnsafeRecompactionError` on a refusal."""
         policies = self.policies  # one revision for the whole decision
         started = time.perf_counter()
-        resolution = self.ledger.resolve(value, req.window)
+        units = _shapes.read(value, keep=(Region,))  # read once: resolved, then seen by record
+        resolution = self.ledger.resolve_units(units, req.window)
         region = resolution.region
         depth = self._window_depth(req.window, span)
         live = resolution.live  # read with the provenance, the usual case
@@ -906,7 +908,9 @@ class Guard:
         self._telemetry.decided(span, decision, activation, time.perf_counter() - started, content)
         if self._listeners:
             self._notify(decision, activation)
-        call = GuardedCall(self, summarizer, req, resolution, decision, activation, span, value)
+        call = GuardedCall(
+            self, summarizer, req, resolution, decision, activation, span, value, units
+        )
         effect = decision.effect
         if effect == _DENY:
             refusal = UnsafeRecompactionError(decision)
@@ -1098,6 +1102,13 @@ class Guard:
     def _tokens(self, value: Any) -> int:
         assert self.count_tokens is not None
         return _token_count(self.count_tokens(_joined(value)))
+
+
+def _unit_texts(value: Any, units: Sequence[Region | str]) -> Sequence[str]:
+    """The input's units as texts (a Region's, its text), as the guard read them."""
+    if type(value) is str:  # a str input: as it is
+        return (value,)
+    return [unit.text or "" if isinstance(unit, Region) else unit for unit in units]
 
 
 def _joined(value: Any) -> str:

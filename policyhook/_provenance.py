@@ -733,7 +733,7 @@ class Ledger:
         self._key = store.secret()
         self._hashes = KeyedHashes(self._key)
         self._digest = self._hashes.digest  # (bound once: called for every text confirmed)
-        self._reader: Store = store  # what recognition reads: the store, or see `_viewed`
+        self._reader: Store = store  # what recognition reads: the store, or see `resolve_units`
         self._lock = threading.RLock()
         self._entries: OrderedDict[str, Entry] = OrderedDict()  # digest -> entry, LRU
         self._summaries: dict[str, Entry] = {}  # summary id -> entry, for the cached ones
@@ -1088,11 +1088,13 @@ class Ledger:
     def resolve(self, value: Any, window: str) -> Resolution:
         """What `value` rests on: any shape `policyhook._shapes` reads (str, messages, content
         blocks, Regions, nested lists); TypeError naming the part it cannot read."""
-        items: list[Region | str] = _shapes.read(value, keep=(Region,))  # a new list
-        return self._viewed(items, window)
+        return self.resolve_units(_shapes.read(value, keep=(Region,)), window)  # a new list
 
-    def _viewed(self, items: list[Region | str], window: str) -> Resolution:
-        """Resolve `items` and read the store once (`Store.view`): other processes' writes, the
+    def resolve_units(self, items: list[Region | str], window: str) -> Resolution:
+        """`resolve` of an input already read (`_shapes.read(value, keep=(Region,))`, not
+        changed here), for a caller that reads its units again: the guard, at record.
+
+        Resolve `items` and read the store once (`Store.view`): other processes' writes, the
         whole messages not cached, and the liveness of every source the region rests on.
 
         Recognition runs first on what is cached, the store's reads deferred; the view then

@@ -419,6 +419,20 @@ class TestCarriedPointers:
         assert guard.retrieve(ref)[0] == s1
         assert guard.provenance(later).depth == 1  # the carried pointer is part of the record
 
+    def test_a_pointer_in_a_regions_text_is_carried_too(self) -> None:
+        """An explicit Region whose text holds a pointer: the granted summary gets the pointer
+        back, and the caller gets its output (reading the input again for it raised TypeError
+        on the Region after the summarizer had run)."""
+        guard = policyhook.Guard()
+        summarize = guard(Scripted(), summarizer="s", remedy=True)
+        s1 = seeded(guard, summarize)
+        guard.store.evict("cfg-42")
+        pointer = summarize([s1, "user: status?"])
+        window: list[Any] = [policyhook.Region.original(pointer), "user: next step, please"]
+        later = summarize(window)
+        assert later.startswith("Summary") and later.endswith(pointer)
+        assert remedies.pointers(later) == remedies.pointers(pointer)
+
     def test_only_lost_pointers_are_added(self) -> None:
         """Pointers the output kept are not repeated; inputs without pointers change nothing."""
         pinned = (remedies.Pinned("path", "", "/etc/app.yaml", "src-1"),)
