@@ -48,7 +48,7 @@ from policyhook import _activation as schema
 from policyhook import _cel as cel
 from policyhook import decisionlog
 from policyhook._backends import BACKEND_ENV, CEL_PYTHON, available_backends, default_backend
-from policyhook._hook import Guard
+from policyhook._hook import Guard, request
 from policyhook._loader import load
 from policyhook._policy import PolicySet
 from policyhook._provenance import Ledger, Region
@@ -1257,12 +1257,9 @@ def _windows_loop(
     return guard, step, (seeds, known, turns)
 
 
-@contextmanager
-def request_window(window: str) -> Iterator[None]:
-    from policyhook._hook import request
-
-    with request(window=window):
-        yield
+def request_window(window: str) -> AbstractContextManager[Any]:
+    """`policyhook.request(window=window)`, as an agent loop enters it around each call."""
+    return request(window=window)
 
 
 def bench_loop(report: Report, engine: Mapping[str, float], quick: bool) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import re
 import threading
 import time
 from collections.abc import (
@@ -230,9 +229,12 @@ class GuardedCall:
         if self._outcome is not None:
             raise RuntimeError(f"guarded call of {self.summarizer!r} was already recorded")
         if isinstance(output, str):
-            texts = _unit_texts(self._value, self._units)
-            if any(map(_POINTER_SEARCH, texts)):  # (no Python frame per unit)
-                output = cast(T, remedies.carried(texts, output))
+            value = self._value
+            texts = (value,) if type(value) is str else _unit_texts(self._units)
+            for text in texts:  # (a loop in place: no frame of its own, `in` a memchr scan)
+                if remedies.POINTER_PREFIX in text:
+                    output = cast(T, remedies.carried(texts, output))
+                    break
         guard = self._guard
         if guard.policies.checks_output:  # they decide before anything is recorded (raising)
             output = guard._check_output(output, self)
@@ -1105,14 +1107,8 @@ class Guard:
         return _token_count(self.count_tokens(_joined(value)))
 
 
-#: Where a remedy's pointer starts in a text, if it holds one.
-_POINTER_SEARCH = re.compile(re.escape(remedies.POINTER_PREFIX)).search
-
-
-def _unit_texts(value: Any, units: Sequence[Region | str]) -> Sequence[str]:
+def _unit_texts(units: Sequence[Region | str]) -> list[str]:
     """The input's units as texts (a Region's, its text), as the guard read them."""
-    if type(value) is str:  # a str input: as it is
-        return (value,)
     return [unit.text or "" if isinstance(unit, Region) else unit for unit in units]
 
 
