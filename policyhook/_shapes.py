@@ -220,7 +220,11 @@ def _plain(value: Any, what: _Plain) -> str | None:
         return None
     text = fields.get(what.text)
     if type(text) is not str:
-        return None
+        if what.kind is not None or type(text) is not list:
+            return None
+        text = _plain_content(text)  # a message's list of texts and text blocks
+        if text is None:
+            return None
     kind = fields.get("type")
     if what.kind is not None:
         return text if kind == what.kind else None
@@ -234,6 +238,22 @@ def _plain(value: Any, what: _Plain) -> str | None:
         if calls is not None and not (type(calls) is list and not calls):
             return None
     return text
+
+
+def _plain_content(content: list[Any]) -> str | None:
+    """A message's content made of str and plain text blocks (dicts), joined as the general path
+    joins a message's pieces (the non-blank ones, by newlines); None for any other item."""
+    pieces: list[str] = []
+    for item in content:
+        if type(item) is not str:
+            if type(item) is not dict or item.get("type") != "text":
+                return None
+            item = item.get("text")
+            if type(item) is not str:
+                return None
+        if item.strip():
+            pieces.append(item)
+    return "\n".join(pieces)
 
 
 _FIELDS_SUFFICE: dict[tuple[type, str], bool] = {}
