@@ -241,18 +241,16 @@ def _plain(value: Any, what: _Plain) -> str | None:
 
 
 def _plain_content(content: list[Any]) -> str | None:
-    """A message's content made of str and plain text blocks (dicts), joined as the general path
-    joins a message's pieces (the non-blank ones, by newlines); None for any other item."""
+    """A message's content of str and plain text blocks, joined as the general path joins a
+    message's pieces (`_Reader.part`, then `flush`: the non-blank ones, by newlines); None when
+    an item is anything else."""
     pieces: list[str] = []
     for item in content:
-        if type(item) is not str:
-            if type(item) is not dict or item.get("type") != "text":
-                return None
-            item = item.get("text")
-            if type(item) is not str:
-                return None
-        if item.strip():
-            pieces.append(item)
+        text = item if type(item) is str else _plain(item, _TEXT_BLOCK)
+        if text is None:
+            return None
+        if text.strip():
+            pieces.append(text)
     return "\n".join(pieces)
 
 
