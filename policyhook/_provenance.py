@@ -509,6 +509,9 @@ class Resolution:
     failure: Exception | None = field(default=None, compare=False)
     #: What the ledger already knows of the region's liveness, for the view (`Held`).
     held: Held | None = field(default=None, compare=False, repr=False)
+    #: Sources found inside Regions' texts (whole, depth 0): the caller's declared content when
+    #: dead (`Ledger.resolve_units`).
+    embedded: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
 
 #: One part of an input as the ledger resolves it: (id, depth, sources, source kinds, chars),
@@ -523,12 +526,20 @@ def _sources_besides(parts: list[_Part], at: int) -> frozenset[str]:
     return frozenset().union(*(p[2] for i, p in enumerate(parts) if i != at))
 
 
-def _known(parts: list[_Part], unregistered: list[tuple[str, str]]) -> list[_Part]:
+def _known(
+    parts: list[_Part], unregistered: list[tuple[str, str]], declared: AbstractSet[str]
+) -> list[_Part]:
     """Of the parts a Region's text resolved to, what the stores know (summaries, sources, and
     what could not be checked: fail closed), each with no size of its own: the Region declared
-    its content and size, so its unrecognised text is not registered again."""
+    its content and size, so its unrecognised text is not registered again. The sources of
+    `declared` (dead, found whole in it) are declared content too, as they are where no cache
+    holds their text to find them by."""
     gaps = {source_id for source_id, _ in unregistered}
-    return [(p[0], p[1], p[2], p[3], 0) for p in parts if p[0] not in gaps]
+    return [
+        (p[0], p[1], p[2], p[3], 0)
+        for p in parts
+        if p[0] not in gaps and (p[1] > 0 or p[0] not in declared)
+    ]
 
 
 def _unverifiable(key: str, chars: int) -> _Part:
@@ -1120,7 +1131,18 @@ class Ledger:
             with self._lock:
                 return replace(self._reading(_Failing(exc), items), failure=exc)
         with self._lock:
-            return self._seen(view, items, window, first, asked)
+            resolution = self._seen(view, items, window, first, asked)
+            live, embedded = resolution.live, resolution.embedded
+            if embedded and live is not None and not embedded <= live:
+                # A dead source found whole inside a Region's text is found only where a cache
+                # holds its text (the store keeps none): the Region's declared content either
+                # way, as its other unrecognised text is, so the cache decides nothing.
+                again = self._resolve(items, catch_up=False, dead_inside=embedded - live)
+                if again.failure is None:
+                    live = live & sources_of(again.region)
+                    return replace(again, live=frozenset(live))
+                return again  # fail closed: the caller asks the store
+            return resolution
 
     def _seen(
         self,
@@ -1162,7 +1184,7 @@ class Ledger:
             found = self._reading(again, items)
         if found.region.sources <= view.asked(first.region.sources):
             live = view.live & found.region.sources
-            return Resolution(found.region, found.unregistered, found.summaries, live)
+            return replace(found, live=live)
         return found  # a source found since: the caller asks the store (`live`)
 
     def _reading(self, reader: Any, items: list[Region | str]) -> Resolution:
@@ -1174,7 +1196,12 @@ class Ledger:
         finally:
             self._reader = self.store
 
-    def _resolve(self, items: list[Region | str], catch_up: bool = True) -> Resolution:
+    def _resolve(
+        self,
+        items: list[Region | str],
+        catch_up: bool = True,
+        dead_inside: AbstractSet[str] = frozenset(),
+    ) -> Resolution:
         if catch_up:
             try:
                 self._catch_up()
@@ -1248,9 +1275,11 @@ class Ledger:
                 failure = exc
                 del parts[mark[0] :], unregistered[mark[1] :]
                 parts.append(_unverifiable(key, len(item)))
+        embedded: frozenset[str] = frozenset()
         if texts:  # the Regions' texts: only what is known of them, no content of their own
-            parts[tail[0] :] = _known(parts[tail[0] :], unregistered[tail[1] :])
+            parts[tail[0] :] = _known(parts[tail[0] :], unregistered[tail[1] :], dead_inside)
             del unregistered[tail[1] :]
+            embedded = frozenset(p[0] for p in parts[tail[0] :] if p[1] == 0)
         if failure is not None:
             _logger.warning(
                 "policyhook: store unreachable while recognising the input; what it could not "
@@ -1326,6 +1355,7 @@ class Ledger:
                 "live": None,
                 "failure": failure,
                 "held": held,
+                "embedded": embedded,
             },
         )
 

@@ -21,6 +21,7 @@ import pytest
 from policyhook import (
     Guard,
     MemoryStore,
+    Region,
     Source,
     SourceIdConflictError,
     SQLiteStore,
@@ -101,6 +102,63 @@ class TestWhateverTheCacheHeld:
         facts = activation["summary"]
         assert decision.effect == "allow"
         assert facts["grounded"] >= 1 and facts["unverifiable"] == 0 and facts["ungrounded"] == 0
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "restarted"])
+class TestInsideARegionsText:
+    """A `Region`'s unrecognised text is the caller's declared content (neither a gap nor
+    archived). A dead source's text inside it is found as that source only where a cache still
+    holds the text (the store keeps none), so it is declared content too: whatever the cache
+    held, a summary inside the Region decides the call."""
+
+    TURN = "the deploy job failed twice today; its retry ceiling is 7 per run"
+
+    def summary_then_evicted(self, tmp_path: Path, cached: bool) -> tuple[Guard, str]:
+        """A summary of a held turn, then the config recorded and evicted; the guard that saw
+        it all, or a restarted one."""
+        store = SQLiteStore(tmp_path / "store.db")
+        recorder = Guard(store=store)
+        recorder.record_source(self.TURN, "tool_output", source_id="turn")
+        summary = recorder(lambda messages: "Summary: the retry ceiling is 7.", summarizer="s")(
+            [self.TURN]
+        )
+        recorder.record_source(CONFIG, "config_read", source_id="cfg")
+        assert store.evict("cfg")
+        if cached:
+            return recorder, summary
+        return Guard(store=SQLiteStore(tmp_path / "store.db")), summary
+
+    @pytest.mark.parametrize("sep", ["\n", " ", ""])
+    def test_the_summary_inside_decides(self, tmp_path: Path, cached: bool, sep: str) -> None:
+        guard, summary = self.summary_then_evicted(tmp_path, cached)
+        value = [Region.original(f"{summary}{sep}{CONFIG}")]
+        region = guard.provenance(value)
+        assert (region.depth, region.sources) == (1, frozenset({"turn"}))
+        assert guard.check(value, summarizer="s").effect == "allow"
+
+    def test_declared_as_its_source_it_is_dead(self, tmp_path: Path, cached: bool) -> None:
+        """What the caller declares a Region rests on is kept: a dead source, refused."""
+        guard, summary = self.summary_then_evicted(tmp_path, cached)
+        value = [Region.original(f"{summary}\n{CONFIG}", [Source("cfg", "config_read")])]
+        assert guard.provenance(value).sources == {"turn", "cfg"}
+        decision = guard.check(value, summarizer="s")
+        assert decision.effect == "deny" and decision.rule == "live-sources"
+
+    def test_beside_the_region_it_is_dead(self, tmp_path: Path, cached: bool) -> None:
+        """The same text as a message of its own is found either way (looked up whole): dead."""
+        guard, summary = self.summary_then_evicted(tmp_path, cached)
+        value = [Region.original(summary), CONFIG]
+        assert guard.provenance(value).sources == {"turn", "cfg"}
+        assert guard.check(value, summarizer="s").effect == "deny"
+
+    def test_a_live_source_inside_is_kept(self, tmp_path: Path, cached: bool) -> None:
+        """Only a dead one is declared content: a held source found inside stays a source."""
+        guard, summary = self.summary_then_evicted(tmp_path, cached)
+        other = "runbook.md: page the on-call engineer after the third failed deploy in a row"
+        guard.record_source(other, "config_read", source_id="runbook")
+        value = [Region.original(f"{summary}\n{other}")]
+        assert guard.provenance(value).sources == {"turn", "runbook"}
+        assert guard.check(value, summarizer="s").effect == "allow"
 
 
 def test_an_expired_source_is_archived_again() -> None:

@@ -363,16 +363,13 @@ class Provenance(RuleBasedStateMachine):
             decision = guard.check(value, summarizer="property")
         assert region.depth >= found.depth, (units, region, found)
         # What the cache held decides nothing: a guard that never saw a text (a restart) decides
-        # as this one, whose caches of 1-8 texts may still hold an evicted one's. (Not for a
-        # Region's text: its unrecognised content is the caller's declared content, so an
-        # evicted source embedded in it adds a dead source only where a cache still holds its
-        # text to find it by: the known exception, in the closing notes of issue 12.)
-        if not any(wrapped):
-            restarted = Guard(guard.policies, store=self.stores[0], archive_originals=self.archive)
-            with policyhook.request(window=window):
-                theirs = restarted.check(value, summarizer="property")
-            restarted.close()
-            assert theirs.effect == decision.effect, ("the cache decided", units, decision)
+        # as this one, whose caches of 1-8 texts may still hold an evicted one's (inside a
+        # Region's text too, where a dead source is the caller's declared content either way).
+        restarted = Guard(guard.policies, store=self.stores[0], archive_originals=self.archive)
+        with policyhook.request(window=window):
+            theirs = restarted.check(value, summarizer="property")
+        restarted.close()
+        assert theirs.effect == decision.effect, ("the cache decided", units, wrapped, decision)
         # A window ceiling sees the region and every summary granted in the window before.
         deepest = seen[-1][1]["window"]["max_depth"]
         assert deepest >= max(region.depth, self.window_depths.get(window, 0)), (window, units)
