@@ -209,7 +209,7 @@ class GuardedCall:
         the call reads, as unrecognised content is (grounded on, archived)."""
         if self._returned is None:
             ledger = self._guard.ledger
-            self._returned = ledger.held_in(self._value, self._resolution, self._input.dead)
+            self._returned = ledger.held_in(self._units, self._resolution, self._input.dead)
         return self._returned
 
     @property
@@ -856,12 +856,13 @@ class Guard:
         chooses what a lost record means.
         """
         window = window or current_request().window
-        resolution = self.ledger.resolve(of, window)
+        units = _shapes.read(of, keep=(Region,))
+        resolution = self.ledger.resolve_units(units, window)
         regions = [self.ledger.record_summary(t, resolution.region, window) for t in _texts(output)]
         if self.archive_originals:
             sources = resolution.region.sources
             live = self.store.live(sources) if resolution.live is None else resolution.live
-            returned = self.ledger.held_in(of, resolution, sources - live)
+            returned = self.ledger.held_in(units, resolution, sources - live)
             self.ledger.archive(resolution.unregistered, returned)
         return regions
 

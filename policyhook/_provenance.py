@@ -1050,12 +1050,12 @@ class Ledger:
                 _logger.debug("policyhook: %s not revived", source.id, exc_info=True)
 
     def held_in(
-        self, value: Any, resolution: Resolution, dead: AbstractSet[str]
+        self, items: Sequence[Region | str], resolution: Resolution, dead: AbstractSet[str]
     ) -> list[tuple[Source, str]]:
-        """The sources of `dead` whose whole text `value` (resolved as `resolution`) holds, as a
-        message or inside one (confirmed by digest), with that text: originals the input brings
-        back. Its gaps are not looked for: dead until archived and no source's text, they are
-        most inputs' only dead ids.
+        """The sources of `dead` whose whole text the input holds (`items`, read as
+        `resolve_units` takes them, and resolved as `resolution`), as a message or inside one
+        (confirmed by digest), with that text: originals the input brings back. Its gaps are not
+        looked for: dead until archived and no source's text, they are most inputs' only dead ids.
 
         Why: a source gone from the store (evicted, expired) but back in the window verbatim is
         content the call reads, as unrecognised content is. Whether the guard found it as that
@@ -1070,7 +1070,7 @@ class Ledger:
         found: dict[str, tuple[Source, str]] = {}
         with self._lock:
             cached = self._entries.get  # (a resolve has just cached most of them)
-            for item in _shapes.read(value, keep=(Region,)):
+            for item in items:
                 if not isinstance(item, str):
                     continue
                 data = encode(item)

@@ -161,6 +161,27 @@ class TestInsideARegionsText:
         assert guard.check(value, summarizer="s").effect == "allow"
 
 
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "restarted"])
+def test_a_summarizer_emptying_its_input_list_changes_nothing(
+    tmp_path: Path, cached: bool
+) -> None:
+    """A summarizer that consumes the list it is given (`messages.clear()`, as a compacting
+    loop may do in place) leaves the output checked and archived against the input as it was
+    decided: the config's text in it grounds the output's "7" and is stored again."""
+    guard, store = restarted(tmp_path, cached, archive_originals=True)
+    passes = summarizer()
+
+    def consuming(messages: list[str]) -> str:
+        written = passes(messages)
+        messages.clear()
+        return written
+
+    output = guard(consuming, summarizer="s")([CONFIG, "and then the deploy timed out again"])
+    assert output.startswith("Summary, first pass")
+    assert store.states(["cfg"]) == {"cfg": "live"}
+    assert guard(summarizer(), summarizer="s")([output]).startswith("Summary, ")
+
+
 def test_an_expired_source_is_archived_again() -> None:
     """Past the store's TTL is dead as evicted is: its text back in the input is stored again."""
     store = MemoryStore(ttl=0.05)
