@@ -900,17 +900,27 @@ class Ledger:
         self, text: str, data: bytes, key: str, source: Source, window: str
     ) -> Entry | None:
         """The entry `text` (`key`: its keyed digest) must keep once registered under
-        `source`, if it bears summaries."""
+        `source`, if it bears summaries.
+
+        Caught up first, then looked up whole in the cache or the store: what another process
+        recorded since (a summary of this very text) is known before the text is called
+        evidence, whatever the cache kept of it."""
         with self._lock:
+            try:
+                self._catch_up()
+            except Exception:  # a miss below still asks the store, and fails if it cannot
+                _logger.debug("policyhook: store catch-up failed", exc_info=True)
             known = self._fetch([key]).get(key)
-            if known is not None and known.depth > 0:  # a summary's own text: keep its id
-                return replace(
+            if known is not None:
+                if known.depth == 0:
+                    return None  # a known source's own text: evidence
+                return replace(  # a summary's own text: keep its id
                     known,
                     sources=tuple(sorted({*known.sources, source.id})),
                     source_kinds=tuple(sorted({*known.source_kinds, source.kind})),
                 )
             if not self._may_quote_summaries(text, data, key):
-                return None  # a known source's own text, or one quoting no summary: evidence
+                return None  # quoting no summary: evidence
             found = self._resolve([text])
             if found.failure is not None:  # never stored as resting on what it could not read
                 raise found.failure
@@ -933,23 +943,16 @@ class Ledger:
         )
 
     def _may_quote_summaries(self, text: str, data: bytes, key: str) -> bool:
-        """False only when `text` (`key`: its digest, looked up already) holds no known summary:
-        then `_resolve([text])` would find it depth 0 (original evidence), all `_carried`
-        needs to know. The same search as `_resolve`'s (caught up first; the text, then its
-        stripped form, looked up whole; the index, and the store while the cache is
-        incomplete), without the region it builds, nor a split remembered for a text that
-        comes back whole (it is recorded next). True when a text found is not cached (then
-        `_resolve` decides); a store that fails raises, as it does there.
+        """False only when `text` (`key`: its digest, known to no store: caught up and looked
+        up whole already) holds no known summary: then `_resolve([text])` would find it depth 0
+        (original evidence), all `_carried` needs to know. The rest of `_resolve`'s search (its
+        stripped form looked up whole; the index, and the store while the cache is incomplete),
+        without the region it builds, nor a split remembered for a text that comes back whole
+        (it is recorded next). True when a text found is not cached (then `_resolve` decides);
+        a store that fails raises, as it does there.
 
         Why: a loop records every new turn, and almost none quotes a summary; resolving it
         cost about as much again as searching it."""
-        try:
-            self._catch_up()
-        except Exception:  # a miss below still asks the store, and fails closed if it cannot
-            _logger.debug("policyhook: store catch-up failed", exc_info=True)
-        whole = self._entries.get(key)  # (as `_resolve` takes it: the whole text first)
-        if whole is not None:
-            return whole.depth > 0
         bare = self._message_digests(text, data)[1]
         if bare is not None:
             entry = self._fetch([bare]).get(bare)

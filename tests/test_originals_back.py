@@ -162,9 +162,7 @@ class TestInsideARegionsText:
 
 
 @pytest.mark.parametrize("cached", [True, False], ids=["cached", "restarted"])
-def test_a_summarizer_emptying_its_input_list_changes_nothing(
-    tmp_path: Path, cached: bool
-) -> None:
+def test_a_summarizer_emptying_its_input_list_changes_nothing(tmp_path: Path, cached: bool) -> None:
     """A summarizer that consumes the list it is given (`messages.clear()`, as a compacting
     loop may do in place) leaves the output checked and archived against the input as it was
     decided: the config's text in it grounds the output's "7" and is stored again."""

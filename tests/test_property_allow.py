@@ -477,6 +477,27 @@ class Provenance(RuleBasedStateMachine):
         window = data.draw(st.sampled_from(["w1", "w2"]))
         self.decide(self.guard(data), units, window, wrapped)
 
+    @precondition(lambda self: any(k.depth > 0 for k in self.oracle.known.values()))
+    @rule(data=st.data(), sep=st.sampled_from(["\n", " ", ""]))
+    def check_region_holding_an_evicted_text(self, data: st.DataObject, sep: str) -> None:
+        """A Region whose text holds a known summary and a source's text, that source evicted
+        now: a guard caching the text finds it there, a restarted one cannot (the store keeps
+        no text), and both must decide alike (`decide` compares them)."""
+        known = self.oracle.known
+        summary = data.draw(st.sampled_from(sorted(t for t, k in known.items() if k.depth > 0)))
+        originals = sorted(
+            t for t, k in known.items() if k.depth == 0 and k.sources and len(encode(t)) >= EMBEDDED
+        )
+        if not originals:
+            return
+        original = data.draw(st.sampled_from(originals))
+        for source_id in sorted(known[original].sources):
+            self.stores[0].evict(source_id)
+        unit = data.draw(
+            st.sampled_from([f"{summary}{sep}{original}", f"{original}{sep}{summary}"])
+        )
+        self.decide(self.guard(data), [unit], data.draw(st.sampled_from(["w1", "w2"])), [True])
+
     @rule(replace=st.booleans())
     def new_guard(self, replace: bool) -> None:
         """A restart (the guard replaced) or a second process (another guard on the store)."""

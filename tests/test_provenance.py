@@ -271,6 +271,35 @@ class TestExactWhateverIsCached:
         region = guard.ledger.resolve(all_shapes(source_text(1))[3], "w").region
         assert ids[1] in region.sources
 
+    @pytest.mark.parametrize("cache", [1, CACHE, 65_536])
+    @pytest.mark.parametrize("text", ["ok, 7", "retries are capped at 7 per deploy run"])
+    def test_a_summarys_text_recorded_as_a_source_elsewhere_stays_a_summary(
+        self, tmp_path: Path, cache: int, text: str
+    ) -> None:
+        """Regression (found by the Provenance machine, a rule added in stop 35): a process
+        registered a text as a source, another then recorded the same text as a summary; the
+        first, registering it again under a new id (a tool echoing it) after its small cache had
+        dropped the summary's entry, stored it as plain evidence and kept it cached at depth 0:
+        that process then allowed re-summarizing the summary with its sources gone. Every
+        process now sees one summary resting on the new id too, and refuses."""
+        path = tmp_path / "store.db"
+        first = Guard(store=SQLiteStore(path), max_texts=cache)
+        second = Guard(store=SQLiteStore(path), max_texts=cache)
+        first.record_source(text, "config_read", "src-a")
+        summarize = second(lambda messages: f"{text}\n", summarizer="s")
+        assert summarize(["zq a new turn, long enough to be archived", text]) == f"{text}\n"
+        for i in range(3 * cache if cache < 100 else 3):  # the first one's cache moves on
+            second.record_source(source_text(100 + i), "tool_output", f"filler{i}")
+        first.record_source(text, "tool_output", "src-b")
+        cold = Guard(store=SQLiteStore(path), max_texts=cache)
+        for guard in (first, second, cold):
+            region = guard.provenance([text])
+            assert region.depth == 1 and {"src-a", "src-b"} <= region.sources, (guard, region)
+        first.store.evict("src-a")
+        for guard in (first, second, cold):
+            decision = guard.check([text], summarizer="s")
+            assert decision.effect == "deny" and "src-a" in decision.dead_sources, guard
+
     @pytest.mark.parametrize("cache", [CACHE, 65_536])
     def test_a_text_quoting_one_rests_on_it_by_id_cached_or_not(
         self, compile_policy: Callable[[str], Any], cache: int
