@@ -1135,17 +1135,30 @@ class Ledger:
                 return replace(self._reading(_Failing(exc), items), failure=exc)
         with self._lock:
             resolution = self._seen(view, items, window, first, asked)
-            live, embedded = resolution.live, resolution.embedded
-            if embedded and live is not None and not embedded <= live:
-                # A dead source found whole inside a Region's text is found only where a cache
-                # holds its text (the store keeps none): the Region's declared content either
-                # way, as its other unrecognised text is, so the cache decides nothing.
-                again = self._resolve(items, catch_up=False, dead_inside=embedded - live)
-                if again.failure is None:
-                    live = live & sources_of(again.region)
-                    return replace(again, live=frozenset(live))
-                return again  # fail closed: the caller asks the store
+        if resolution.embedded:
+            return self._declared(items, resolution)
+        return resolution
+
+    def _declared(self, items: list[Region | str], resolution: Resolution) -> Resolution:
+        """`resolution` without the dead sources found whole inside Regions' texts.
+
+        Why: the store keeps no text of a dead source, so it is found inside a longer text only
+        where a cache still holds that text, or by anchor while the cache is incomplete; either
+        way it is the Region's declared content, as the rest of its unrecognised text is, so
+        what the cache held decides nothing. (A plain message's dead source is dead found or
+        not: unrecognised content is dead until archived.)"""
+        embedded, live = resolution.embedded, resolution.live
+        try:  # (the view answered them, unless it found them: then asked here, rarely)
+            held = live if live is not None else self.store.live(embedded)
+        except Exception:  # fail closed: counted as the sources they are, dead to the caller
             return resolution
+        if embedded <= held:
+            return resolution
+        with self._lock:
+            again = self._resolve(items, catch_up=False, dead_inside=embedded - held)
+        if again.failure is None and live is not None:
+            return replace(again, live=frozenset(live & sources_of(again.region)))
+        return again  # (live None: the caller asks the store for the rest)
 
     def _seen(
         self,

@@ -104,7 +104,7 @@ class TestWhateverTheCacheHeld:
         assert facts["grounded"] >= 1 and facts["unverifiable"] == 0 and facts["ungrounded"] == 0
 
 
-@pytest.mark.parametrize("cached", [True, False], ids=["cached", "restarted"])
+@pytest.mark.parametrize("cached", [True, False, None], ids=["cached", "restarted", "small-cache"])
 class TestInsideARegionsText:
     """A `Region`'s unrecognised text is the caller's declared content (neither a gap nor
     archived). A dead source's text inside it is found as that source only where a cache still
@@ -113,9 +113,10 @@ class TestInsideARegionsText:
 
     TURN = "the deploy job failed twice today; its retry ceiling is 7 per run"
 
-    def summary_then_evicted(self, tmp_path: Path, cached: bool) -> tuple[Guard, str]:
+    def summary_then_evicted(self, tmp_path: Path, cached: bool | None) -> tuple[Guard, str]:
         """A summary of a held turn, then the config recorded and evicted; the guard that saw
-        it all, or a restarted one."""
+        it all, or a restarted one (`None`: caching one text, so that it asks the store by
+        anchor, and finds the config's tombstone inside the Region's text)."""
         store = SQLiteStore(tmp_path / "store.db")
         recorder = Guard(store=store)
         recorder.record_source(self.TURN, "tool_output", source_id="turn")
@@ -126,17 +127,20 @@ class TestInsideARegionsText:
         assert store.evict("cfg")
         if cached:
             return recorder, summary
-        return Guard(store=SQLiteStore(tmp_path / "store.db")), summary
+        small = {"max_texts": 1} if cached is None else {}
+        return Guard(store=SQLiteStore(tmp_path / "store.db"), **small), summary  # type: ignore[arg-type]
 
     @pytest.mark.parametrize("sep", ["\n", " ", ""])
-    def test_the_summary_inside_decides(self, tmp_path: Path, cached: bool, sep: str) -> None:
+    def test_the_summary_inside_decides(
+        self, tmp_path: Path, cached: bool | None, sep: str
+    ) -> None:
         guard, summary = self.summary_then_evicted(tmp_path, cached)
         value = [Region.original(f"{summary}{sep}{CONFIG}")]
         region = guard.provenance(value)
         assert (region.depth, region.sources) == (1, frozenset({"turn"}))
         assert guard.check(value, summarizer="s").effect == "allow"
 
-    def test_declared_as_its_source_it_is_dead(self, tmp_path: Path, cached: bool) -> None:
+    def test_declared_as_its_source_it_is_dead(self, tmp_path: Path, cached: bool | None) -> None:
         """What the caller declares a Region rests on is kept: a dead source, refused."""
         guard, summary = self.summary_then_evicted(tmp_path, cached)
         value = [Region.original(f"{summary}\n{CONFIG}", [Source("cfg", "config_read")])]
@@ -144,14 +148,14 @@ class TestInsideARegionsText:
         decision = guard.check(value, summarizer="s")
         assert decision.effect == "deny" and decision.rule == "live-sources"
 
-    def test_beside_the_region_it_is_dead(self, tmp_path: Path, cached: bool) -> None:
+    def test_beside_the_region_it_is_dead(self, tmp_path: Path, cached: bool | None) -> None:
         """The same text as a message of its own is found either way (looked up whole): dead."""
         guard, summary = self.summary_then_evicted(tmp_path, cached)
         value = [Region.original(summary), CONFIG]
         assert guard.provenance(value).sources == {"turn", "cfg"}
         assert guard.check(value, summarizer="s").effect == "deny"
 
-    def test_a_live_source_inside_is_kept(self, tmp_path: Path, cached: bool) -> None:
+    def test_a_live_source_inside_is_kept(self, tmp_path: Path, cached: bool | None) -> None:
         """Only a dead one is declared content: a held source found inside stays a source."""
         guard, summary = self.summary_then_evicted(tmp_path, cached)
         other = "runbook.md: page the on-call engineer after the third failed deploy in a row"
