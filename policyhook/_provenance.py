@@ -1152,12 +1152,13 @@ class Ledger:
             held = live if live is not None else self.store.live(embedded)
         except Exception:  # fail closed: counted as the sources they are, dead to the caller
             return resolution
-        if embedded <= held:
+        dead = frozenset(s for s in embedded if s not in held)  # (`held` may be a `_Grown`)
+        if not dead:
             return resolution
         with self._lock:
-            again = self._resolve(items, catch_up=False, dead_inside=embedded - held)
+            again = self._resolve(items, catch_up=False, dead_inside=dead)
         if again.failure is None and live is not None:
-            return replace(again, live=frozenset(live & sources_of(again.region)))
+            return replace(again, live=frozenset(s for s in sources_of(again.region) if s in live))
         return again  # (live None: the caller asks the store for the rest)
 
     def _seen(

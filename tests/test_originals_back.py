@@ -140,6 +140,22 @@ class TestInsideARegionsText:
         assert (region.depth, region.sources) == (1, frozenset({"turn"}))
         assert guard.check(value, summarizer="s").effect == "allow"
 
+    def test_a_summary_of_many_sources_inside(self, tmp_path: Path, cached: bool | None) -> None:
+        """The same with a summary resting on 300 sources (past the ledger's grown-set bound:
+        its sets are not copied) and another message beside the Region."""
+        guard, _ = self.summary_then_evicted(tmp_path, cached)
+        turns = [f"turn {i}: the deploy job ran step {i} of the rollout" for i in range(300)]
+        for i, turn in enumerate(turns):
+            guard.record_source(turn, "tool_output", source_id=f"t{i}")
+        big = guard(lambda messages: "Summary: every rollout step ran.", summarizer="s")(turns)
+        value = [Region.original(f"{big}\n{CONFIG}"), turns[0]]
+        region = guard.provenance(value)
+        assert region.depth == 1 and region.sources == {f"t{i}" for i in range(300)}
+        assert guard.check(value, summarizer="s").effect == "allow"
+        guard.store.evict("t7")
+        decision = guard.check(value, summarizer="s")
+        assert decision.effect == "deny" and decision.dead_sources == ("t7",)
+
     def test_declared_as_its_source_it_is_dead(self, tmp_path: Path, cached: bool | None) -> None:
         """What the caller declares a Region rests on is kept: a dead source, refused."""
         guard, summary = self.summary_then_evicted(tmp_path, cached)
