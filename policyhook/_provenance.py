@@ -526,20 +526,12 @@ def _sources_besides(parts: list[_Part], at: int) -> frozenset[str]:
     return frozenset().union(*(p[2] for i, p in enumerate(parts) if i != at))
 
 
-def _known(
-    parts: list[_Part], unregistered: list[tuple[str, str]], declared: AbstractSet[str]
-) -> list[_Part]:
+def _known(parts: list[_Part], unregistered: list[tuple[str, str]]) -> list[_Part]:
     """Of the parts a Region's text resolved to, what the stores know (summaries, sources, and
     what could not be checked: fail closed), each with no size of its own: the Region declared
-    its content and size, so its unrecognised text is not registered again. The sources of
-    `declared` (dead, found whole in it) are declared content too, as they are where no cache
-    holds their text to find them by."""
+    its content and size, so its unrecognised text is not registered again."""
     gaps = {source_id for source_id, _ in unregistered}
-    return [
-        (p[0], p[1], p[2], p[3], 0)
-        for p in parts
-        if p[0] not in gaps and (p[1] > 0 or p[0] not in declared)
-    ]
+    return [(p[0], p[1], p[2], p[3], 0) for p in parts if p[0] not in gaps]
 
 
 def _unverifiable(key: str, chars: int) -> _Part:
@@ -1147,19 +1139,31 @@ class Ledger:
         way it is the Region's declared content, as the rest of its unrecognised text is, so
         what the cache held decides nothing. (A plain message's dead source is dead found or
         not: unrecognised content is dead until archived.)"""
-        embedded, live = resolution.embedded, resolution.live
-        try:  # (the view answered them, unless it found them: then asked here, rarely)
-            held = live if live is not None else self.store.live(embedded)
-        except Exception:  # fail closed: counted as the sources they are, dead to the caller
+        live = resolution.live
+        dead: frozenset[str] = frozenset()
+        found = resolution
+        while True:  # a dead source may hide others inside it, found once it is searched
+            embedded = found.embedded - dead
+            try:  # (the view answered the first ones, unless it found them; rarely asked here)
+                held = live if live is not None and found is resolution else None
+                if held is None:
+                    held = self.store.live(embedded)
+            except Exception:  # fail closed: counted as the sources they are, dead to the caller
+                return found
+            more = frozenset(s for s in embedded if s not in held)  # (`held` may be `_Grown`)
+            if not more:
+                break
+            dead |= more
+            with self._lock:
+                found = self._resolve(items, catch_up=False, dead_inside=dead)
+            if found.failure is not None:
+                return found
+        if found is resolution:
             return resolution
-        dead = frozenset(s for s in embedded if s not in held)  # (`held` may be a `_Grown`)
-        if not dead:
-            return resolution
-        with self._lock:
-            again = self._resolve(items, catch_up=False, dead_inside=dead)
-        if again.failure is None and live is not None:
-            return replace(again, live=frozenset(s for s in sources_of(again.region) if s in live))
-        return again  # (live None: the caller asks the store for the rest)
+        sources, answered = sources_of(found.region), sources_of(resolution.region)
+        if live is not None and all(s in answered for s in sources):  # what the view answered
+            return replace(found, live=frozenset(s for s in sources if s in live))
+        return found  # (live None: the caller asks the store)
 
     def _seen(
         self,
@@ -1274,6 +1278,9 @@ class Ledger:
                 entry = known.get(bare[at]) or self._entries.get(bare[at])
                 if entry is not None:
                     key = bare[at]
+            hidden = dead_inside if at >= declared else _NOTHING  # (a Region's text)
+            if entry is not None and entry.depth == 0 and entry.id in hidden:
+                entry, key = None, digests[at]  # unknown text, searched inside as such
             if entry is not None:
                 if key in self._entries:
                     self._entries.move_to_end(key)
@@ -1287,14 +1294,14 @@ class Ledger:
                 continue
             mark = (len(parts), len(unregistered))
             try:
-                self._split(item, data, key, parts, unregistered, closures)
+                self._split(item, data, key, parts, unregistered, closures, hidden)
             except Exception as exc:
                 failure = exc
                 del parts[mark[0] :], unregistered[mark[1] :]
                 parts.append(_unverifiable(key, len(item)))
         embedded: frozenset[str] = frozenset()
         if texts:  # the Regions' texts: only what is known of them, no content of their own
-            parts[tail[0] :] = _known(parts[tail[0] :], unregistered[tail[1] :], dead_inside)
+            parts[tail[0] :] = _known(parts[tail[0] :], unregistered[tail[1] :])
             del unregistered[tail[1] :]
             embedded = frozenset(p[0] for p in parts[tail[0] :] if p[1] == 0)
         if failure is not None:
@@ -1384,8 +1391,10 @@ class Ledger:
         parts: list[_Part],
         unregistered: list[tuple[str, str]],
         closures: dict[str, AbstractSet[str]],
+        hidden: AbstractSet[str] = frozenset(),
     ) -> None:
-        """The known texts inside one message and the unrecognised gaps between them.
+        """The known texts inside one message and the unrecognised gaps between them; the
+        sources of `hidden` (dead, in a Region's text: `Ledger._declared`) as unknown text.
 
         How the message splits (`_recipe`) is remembered with where its known texts lie
         (`_found`): the same message in the next input is rebuilt from it and the entries of
@@ -1393,7 +1402,15 @@ class Ledger:
         ordered = self._found(data, key)
         memo = self._splits.get(key)
         recipe = memo[4] if memo is not None and memo[3] is ordered else None
-        if recipe is not None:
+        if hidden:  # split as if they were not known (not remembered: the memo is of them all)
+            known = self._fetch([d for *_, d in ordered])
+            kept = []
+            for hit in ordered:
+                entry = known.get(hit[2])
+                if entry is None or entry.depth > 0 or entry.id not in hidden:
+                    kept.append(hit)
+            recipe = self._recipe(text, data, key, tuple(kept), known)
+        elif recipe is not None:
             wanted = []  # (a loop, not a comprehension: no frame of its own per call)
             for step in recipe:
                 if step[0] == _TEXT:
@@ -1752,6 +1769,8 @@ class Ledger:
                     changed = True
         return changed or self._closures.drops != drops
 
+
+_NOTHING: frozenset[str] = frozenset()
 
 #: One step of how a message splits (`Ledger._recipe`): (_TEXT, digest, chars, 0, _NO_PART) for
 #: a known text, (_GAP, "", start, end, part) for unrecognised content at those bytes.

@@ -113,7 +113,9 @@ class TestInsideARegionsText:
 
     TURN = "the deploy job failed twice today; its retry ceiling is 7 per run"
 
-    def summary_then_evicted(self, tmp_path: Path, cached: bool | None) -> tuple[Guard, str]:
+    def summary_then_evicted(
+        self, tmp_path: Path, cached: bool | None, quoted: str | None = None
+    ) -> tuple[Guard, str]:
         """A summary of a held turn, then the config recorded and evicted; the guard that saw
         it all, or a restarted one (`None`: caching one text, so that it asks the store by
         anchor, and finds the config's tombstone inside the Region's text)."""
@@ -124,6 +126,8 @@ class TestInsideARegionsText:
             [self.TURN]
         )
         recorder.record_source(CONFIG, "config_read", source_id="cfg")
+        if quoted is not None:  # a summary of the config that is a piece of its text
+            assert recorder(lambda messages: quoted, summarizer="s")([CONFIG]) == quoted
         assert store.evict("cfg")
         if cached:
             return recorder, summary
@@ -155,6 +159,18 @@ class TestInsideARegionsText:
         guard.store.evict("t7")
         decision = guard.check(value, summarizer="s")
         assert decision.effect == "deny" and decision.dead_sources == ("t7",)
+
+    def test_it_hides_no_summary_inside_it(self, tmp_path: Path, cached: bool | None) -> None:
+        """A dead source is unknown text there, so a summary inside it is found as a guard that
+        cannot find the source finds it: resting on the dead config, refused by every guard."""
+        inner = "retry ceiling 7 for the deploy job"
+        guard, summary = self.summary_then_evicted(tmp_path, cached, quoted=inner)
+        assert inner in CONFIG
+        value = [Region.original(f"{summary}\n{CONFIG}")]
+        region = guard.provenance(value)
+        assert region.depth == 1 and region.sources == {"turn", "cfg"}
+        decision = guard.check(value, summarizer="s")
+        assert decision.effect == "deny" and decision.dead_sources == ("cfg",)
 
     def test_declared_as_its_source_it_is_dead(self, tmp_path: Path, cached: bool | None) -> None:
         """What the caller declares a Region rests on is kept: a dead source, refused."""

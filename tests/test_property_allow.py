@@ -80,13 +80,15 @@ class Oracle:
         #: which need not be the oracle's pieces (`covered`).
         self.places: dict[str, set[tuple[bytes, int]]] = {}
 
-    def unit(self, unit: str, into: Found) -> list[str]:
-        """Add what one unit rests on to `into`; returns its gaps (unrecognised content)."""
+    def unit(self, unit: str, into: Found, wrapped: bool = False) -> list[str]:
+        """Add what one unit rests on to `into`; returns its gaps (unrecognised content).
+        `wrapped` (a Region's text): a source whose ids are all dead is unknown text there, so
+        it hides nothing it holds (a known text inside it is found)."""
         if not unit.strip():
             return []
         data = encode(unit)
         for whole in (unit, unit.strip()):
-            if whole in self.known:
+            if whole in self.known and not (wrapped and self._dead_source(whole)):
                 own = self._add(whole, into)
                 for gap in own:
                     self._place(gap, data, data.find(encode(whole)))
@@ -94,7 +96,7 @@ class Oracle:
         hits: list[tuple[int, int, str]] = []
         for text in self.known:
             needle = encode(text)
-            if len(needle) < EMBEDDED:
+            if len(needle) < EMBEDDED or (wrapped and self._dead_source(text)):
                 continue
             at = data.find(needle)
             while at != -1:
@@ -117,6 +119,10 @@ class Oracle:
                 self._place(gap, data, at)
         into.gaps.update(kept)
         return kept
+
+    def _dead_source(self, text: str) -> bool:
+        known = self.known[text]
+        return known.depth == 0 and not any(map(self.held, known.sources))
 
     def text_held(self, source_id: str) -> bool:
         """Whether the text `source_id` names is held: under it, or, for a text held under
@@ -355,7 +361,7 @@ class Provenance(RuleBasedStateMachine):
         ]
         found = Found()
         for unit, wrap in zip(units, wrapped, strict=True):
-            own = self.oracle.unit(unit, found)
+            own = self.oracle.unit(unit, found, wrap)
             if wrap:
                 found.gaps -= set(own)
         with policyhook.request(window=window), capture_decisions(guard) as seen:
