@@ -509,8 +509,8 @@ class Resolution:
     failure: Exception | None = field(default=None, compare=False)
     #: What the ledger already knows of the region's liveness, for the view (`Held`).
     held: Held | None = field(default=None, compare=False, repr=False)
-    #: Sources found inside Regions' texts (whole, depth 0): the caller's declared content when
-    #: dead (`Ledger.resolve_units`).
+    #: Sources found inside units, or as a Region's text: when dead, they hide nothing they
+    #: hold, and in a Region's text they are its declared content (`Ledger._declared`).
     embedded: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
 
@@ -1127,18 +1127,20 @@ class Ledger:
                 return replace(self._reading(_Failing(exc), items), failure=exc)
         with self._lock:
             resolution = self._seen(view, items, window, first, asked)
-        if resolution.embedded:
+        if resolution.embedded:  # (sources found inside units: when dead, they hide nothing)
             return self._declared(items, resolution)
         return resolution
 
     def _declared(self, items: list[Region | str], resolution: Resolution) -> Resolution:
-        """`resolution` without the dead sources found whole inside Regions' texts.
+        """`resolution` resolved again with the dead sources it found inside units (and as
+        Regions' texts) hiding nothing they hold, and in a Region's text as unknown text.
 
         Why: the store keeps no text of a dead source, so it is found inside a longer text only
-        where a cache still holds that text, or by anchor while the cache is incomplete; either
-        way it is the Region's declared content, as the rest of its unrecognised text is, so
-        what the cache held decides nothing. (A plain message's dead source is dead found or
-        not: unrecognised content is dead until archived.)"""
+        where a cache still holds that text, or by anchor while the cache is incomplete. Where
+        it is not found, its bytes are searched like any unknown text: a summary inside it is
+        found, and in a Region's text the rest is the Region's declared content. So where it
+        is found it must do the same, or what the cache held would decide. (Found or not, it
+        counts as dead in a plain message: unrecognised content is dead until archived.)"""
         live = resolution.live
         dead: frozenset[str] = frozenset()
         found = resolution
@@ -1267,6 +1269,7 @@ class Ledger:
         except Exception as exc:  # what the cache holds is still recognised
             failure = exc
         tail = (0, 0)
+        inside: list[str] = []  # sources found inside units, and as Regions' texts
         for at, (item, data, key) in enumerate(zip(items, encoded, digests, strict=True)):
             if at == declared:
                 tail = (len(parts), len(unregistered))
@@ -1278,9 +1281,11 @@ class Ledger:
                 entry = known.get(bare[at]) or self._entries.get(bare[at])
                 if entry is not None:
                     key = bare[at]
-            hidden = dead_inside if at >= declared else _NOTHING  # (a Region's text)
-            if entry is not None and entry.depth == 0 and entry.id in hidden:
-                entry, key = None, digests[at]  # unknown text, searched inside as such
+            if at >= declared and entry is not None and entry.depth == 0:
+                if entry.id in dead_inside:  # a Region's text that is a dead source: unknown
+                    entry, key = None, digests[at]  # text, searched inside as such
+                else:
+                    inside.append(entry.id)
             if entry is not None:
                 if key in self._entries:
                     self._entries.move_to_end(key)
@@ -1294,16 +1299,24 @@ class Ledger:
                 continue
             mark = (len(parts), len(unregistered))
             try:
-                self._split(item, data, key, parts, unregistered, closures, hidden)
+                self._split(
+                    item,
+                    data,
+                    key,
+                    parts,
+                    unregistered,
+                    closures,
+                    inside,
+                    dead_inside,
+                    at >= declared,
+                )
             except Exception as exc:
                 failure = exc
                 del parts[mark[0] :], unregistered[mark[1] :]
                 parts.append(_unverifiable(key, len(item)))
-        embedded: frozenset[str] = frozenset()
         if texts:  # the Regions' texts: only what is known of them, no content of their own
             parts[tail[0] :] = _known(parts[tail[0] :], unregistered[tail[1] :])
             del unregistered[tail[1] :]
-            embedded = frozenset(p[0] for p in parts[tail[0] :] if p[1] == 0)
         if failure is not None:
             _logger.warning(
                 "policyhook: store unreachable while recognising the input; what it could not "
@@ -1379,7 +1392,7 @@ class Ledger:
                 "live": None,
                 "failure": failure,
                 "held": held,
-                "embedded": embedded,
+                "embedded": frozenset(inside) if inside else _NOTHING,
             },
         )
 
@@ -1391,10 +1404,14 @@ class Ledger:
         parts: list[_Part],
         unregistered: list[tuple[str, str]],
         closures: dict[str, AbstractSet[str]],
+        inside: list[str],
         hidden: AbstractSet[str] = frozenset(),
+        declared: bool = False,
     ) -> None:
-        """The known texts inside one message and the unrecognised gaps between them; the
-        sources of `hidden` (dead, in a Region's text: `Ledger._declared`) as unknown text.
+        """The known texts inside one message and the unrecognised gaps between them; the ids of
+        the sources found in it added to `inside`. The sources of `hidden` (dead:
+        `Ledger._declared`) hide nothing they hold; in a Region's text (`declared`) they are
+        unknown text, as the rest of its unrecognised text is.
 
         How the message splits (`_recipe`) is remembered with where its known texts lie
         (`_found`): the same message in the next input is rebuilt from it and the entries of
@@ -1402,14 +1419,17 @@ class Ledger:
         ordered = self._found(data, key)
         memo = self._splits.get(key)
         recipe = memo[4] if memo is not None and memo[3] is ordered else None
-        if hidden:  # split as if they were not known (not remembered: the memo is of them all)
+        if hidden:  # (not remembered: the memo is of every text found, as known)
             known = self._fetch([d for *_, d in ordered])
-            kept = []
-            for hit in ordered:
-                entry = known.get(hit[2])
-                if entry is None or entry.depth > 0 or entry.id not in hidden:
-                    kept.append(hit)
-            recipe = self._recipe(text, data, key, tuple(kept), known)
+            if declared:  # split as if they were not known
+                kept = []
+                for hit in ordered:
+                    entry = known.get(hit[2])
+                    if entry is None or entry.depth > 0 or entry.id not in hidden:
+                        kept.append(hit)
+                recipe = self._recipe(text, data, key, tuple(kept), known)
+            else:
+                recipe = self._recipe(text, data, key, ordered, known, hidden)
         elif recipe is not None:
             wanted = []  # (a loop, not a comprehension: no frame of its own per call)
             for step in recipe:
@@ -1427,7 +1447,10 @@ class Ledger:
         ascii = len(data) == len(text)  # then byte offsets are character offsets
         for op, text_digest, start, end, part in recipe:
             if op == _TEXT:  # (its chars in `start`)
-                parts.append(self._region(known[text_digest], start, closures))
+                entry = known[text_digest]
+                if entry.depth == 0:
+                    inside.append(entry.id)
+                parts.append(self._region(entry, start, closures))
             else:
                 gap = text[start:end] if ascii else data[start:end].decode("utf-8", "surrogatepass")
                 unregistered.append((part[0], gap))
@@ -1440,15 +1463,19 @@ class Ledger:
         key: str,
         ordered: tuple[tuple[int, int, str], ...],
         known: Mapping[str, Entry],
+        uncover: AbstractSet[str] = frozenset(),
     ) -> tuple[_Op, ...]:
         """How a message splits: its known texts (non-overlapping, leftmost first, longest on a
         tie: `ordered`), the unrecognised gaps between them, and the known texts that start
         inside one of those and end past it (their end would otherwise pass for original
-        content: the region rests on them too, their characters counted once)."""
+        content: the region rests on them too, their characters counted once). The sources of
+        `uncover` (dead: `Ledger._declared`) hide nothing: the known texts inside one are found
+        too, as where it is not known (leftmost first, longest, none of its characters)."""
         ascii = len(data) == len(text)  # then byte offsets are character offsets
         ops: list[_Op] = []
         over: list[_Op] = []
         cursor = 0
+        inside = within = 0  # the span of the last uncovering source found, and a cursor in it
         for start, negative, digest_ in ordered:
             entry = known.get(digest_)
             if entry is None:  # confirmed by digest, so known: only a racing eviction
@@ -1462,8 +1489,13 @@ class Ledger:
                 )
                 ops.append((_TEXT, digest_, chars, 0, _NO_PART))
                 cursor = end
+                if uncover and entry.depth == 0 and entry.id in uncover:
+                    inside, within = end, start
             elif end > cursor:  # starts inside the last one found, ends past it
                 over.append((_TEXT, digest_, 0, 0, _NO_PART))
+            elif start < inside and start >= within:  # inside a dead source: found as well
+                over.append((_TEXT, digest_, 0, 0, _NO_PART))
+                within = end
         if cursor < len(data):
             ops.extend(self._gap(text, data, key, cursor, len(data), ascii))
         return (*ops, *over)

@@ -172,6 +172,18 @@ class TestInsideARegionsText:
         decision = guard.check(value, summarizer="s")
         assert decision.effect == "deny" and decision.dead_sources == ("cfg",)
 
+    def test_nor_in_a_plain_message(self, tmp_path: Path, cached: bool | None) -> None:
+        """The same in a plain message: a guard caching the config found it, dead, covering the
+        summary inside it, and allowed the message as original content (depth 0) where any
+        other guard finds the summary and refuses."""
+        inner = "retry ceiling 7 for the deploy job"
+        guard, _ = self.summary_then_evicted(tmp_path, cached, quoted=inner)
+        value = [f"tool output follows:\n{CONFIG}\nend of tool output"]
+        region = guard.provenance(value)
+        assert region.depth == 1 and "cfg" in region.sources
+        decision = guard.check(value, summarizer="s")
+        assert decision.effect == "deny" and "cfg" in decision.dead_sources
+
     def test_declared_as_its_source_it_is_dead(self, tmp_path: Path, cached: bool | None) -> None:
         """What the caller declares a Region rests on is kept: a dead source, refused."""
         guard, summary = self.summary_then_evicted(tmp_path, cached)

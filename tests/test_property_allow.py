@@ -105,13 +105,20 @@ class Oracle:
         hits.sort(key=lambda h: (h[0], h[0] - h[1]))
         cursor = 0
         placed: list[tuple[str, int]] = []
+        inside = within = 0  # the span of the last dead source found, and a cursor in it
         for start, end, text in hits:
             if start >= cursor:
                 placed.append((data[cursor:start].decode("utf-8", "surrogatepass"), cursor))
-                placed += [(gap, start) for gap in self._add(text, into)]
+                own = self._add(text, into)
+                placed += [(gap, start) for gap in own]
                 cursor = end
+                if own == [text]:  # a dead source hides nothing it holds (docs/inputs.md)
+                    inside, within = end, start
             elif end > cursor:  # overlapping the end of the last one found: rests on it too
                 placed += [(gap, start) for gap in self._add(text, into)]
+            elif within <= start < inside:  # inside a dead source: found as if it were unknown
+                self._add(text, into)
+                within = end
         placed.append((data[cursor:].decode("utf-8", "surrogatepass"), cursor))
         kept = [gap for gap, _ in placed if gap.strip()]
         for gap, at in placed:
