@@ -1101,7 +1101,10 @@ class Ledger:
         changed here), for a caller that reads its units again: the guard, at record.
 
         Resolve `items` and read the store once (`Store.view`): other processes' writes, the
-        whole messages not cached, and the liveness of every source the region rests on.
+        whole messages not cached, the liveness of every source the region rests on, and the
+        window's depth (always: a summary recorded in it elsewhere may never reach this
+        process's catch-up as of that window: forgotten by a bounded store, or recorded
+        again in another window first).
 
         Recognition runs first on what is cached, the store's reads deferred; the view then
         answers them all at once. Only when the view changes what the input is made of (a
@@ -1114,14 +1117,14 @@ class Ledger:
         asked: list[str] = []
         with self._lock:
             first = self._reading(_Deferred(self.store, asked), items)
-            cursor, depth_of = self._cursor, None if window in self._windows else window
+            cursor = self._cursor
         try:  # the round trip, outside the lock: other threads decide meanwhile
             held = first.held
             if held is not None and self._takes_held:  # (optional: not in the protocol's)
                 viewing: Any = self.store.view  # given a `_Grown` set as it is
-                view = viewing(cursor, 1024, asked, sources_of(first.region), depth_of, held=held)
+                view = viewing(cursor, 1024, asked, sources_of(first.region), window, held=held)
             else:
-                view = self.store.view(cursor, 1024, asked, first.region.sources, depth_of)
+                view = self.store.view(cursor, 1024, asked, first.region.sources, window)
         except Exception as exc:  # fail closed, from what is cached, asking nothing more
             with self._lock:
                 return replace(self._reading(_Failing(exc), items), failure=exc)
@@ -1185,7 +1188,7 @@ class Ledger:
                 self._remember(entry)
             for summary_id, sources in view.rests_on.items():
                 self._closures.put(summary_id, sources)
-        if view.depth is not None:  # (a thread may have recorded a deeper one meanwhile)
+        if view.depth is not None:  # (the store's; a thread here may have recorded deeper)
             self._windows[window] = max(self._windows.get(window, 0), view.depth)
             while len(self._windows) > self.max_windows:
                 self._windows.popitem(last=False)

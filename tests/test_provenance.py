@@ -21,6 +21,7 @@ from policyhook import (
     Request,
     Source,
     SQLiteStore,
+    Store,
     UnsafeRecompactionError,
     _index,
     _provenance,
@@ -418,6 +419,33 @@ class TestExactWhateverIsCached:
         assert ledger.max_depth("B") == 0  # pushes A out
         assert ledger.resolve("summary of window A, long enough", "A").region.depth == 1
         assert ledger.max_depth("A") == 1
+
+    @pytest.mark.parametrize("kind", ["memory", "sqlite"])
+    def test_a_window_deepened_by_another_process_is_seen(self, kind: str, tmp_path: Path) -> None:
+        """Regression (found by a deep property run): a process that had read a window's depth
+        (0) kept it while another process granted a summary there, when that summary reached
+        its catch-up as of another window (the same text recorded again there first): a
+        `window.max_depth` ceiling saw 0, a wrong allow. The depth is read with every call's
+        view, from the store."""
+        if kind == "memory":
+            shared = MemoryStore()
+            mine: Store = shared
+            theirs: Store = shared
+        else:
+            mine, theirs = SQLiteStore(tmp_path / "s.db"), SQLiteStore(tmp_path / "s.db")
+        here, elsewhere = Guard(store=mine), Guard(store=theirs)
+        with capture_decisions(here) as seen:
+            here.check("first turn of the session", summarizer="s", request=Request(window="w1"))
+        assert seen[-1][1]["window"]["max_depth"] == 0
+        elsewhere.ledger.record_source("retry ceiling is 7", kind="config_read", source_id="cfg")
+        of = elsewhere.ledger.resolve("retry ceiling is 7", "w1").region
+        elsewhere.ledger.record_summary("Summary: the ceiling is 7.", of, "w1")
+        elsewhere.ledger.record_summary("Summary: the ceiling is 7.", of, "w2")
+        with capture_decisions(here) as seen:
+            here.check("a new turn", summarizer="s", request=Request(window="w1"))
+        assert seen[-1][1]["window"]["max_depth"] == 1 == mine.window_depth("w1")
+        here.close()
+        elsewhere.close()
 
     def test_shared_prefix_sources_are_told_apart(self) -> None:
         """Sources sharing a long header are each recognised exactly (unique anchors)."""
