@@ -1102,9 +1102,8 @@ class Ledger:
 
         Resolve `items` and read the store once (`Store.view`): other processes' writes, the
         whole messages not cached, the liveness of every source the region rests on, and the
-        window's depth (always: a summary recorded in it elsewhere may never reach this
-        process's catch-up as of that window: forgotten by a bounded store, or recorded
-        again in another window first).
+        window's depth (always: a summary granted in it elsewhere reaches this process's
+        catch-up as of the window it was last recorded in, which may be another).
 
         Recognition runs first on what is cached, the store's reads deferred; the view then
         answers them all at once. Only when the view changes what the input is made of (a
