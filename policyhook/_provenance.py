@@ -1129,7 +1129,10 @@ class Ledger:
                 return replace(self._reading(_Failing(exc), items), failure=exc)
         with self._lock:
             resolution = self._seen(view, items, window, first, asked)
-        if resolution.embedded:  # (sources found inside units: when dead, they hide nothing)
+        # Sources found whole, inside units or as Regions' texts: when dead, they hide nothing.
+        # (Most calls find them all live, as the view answered: nothing more to do.)
+        embedded, live = resolution.embedded, resolution.live
+        if embedded and (live is None or not all(map(live.__contains__, embedded))):
             return self._declared(items, resolution)
         return resolution
 
@@ -1283,11 +1286,13 @@ class Ledger:
                 entry = known.get(bare[at]) or self._entries.get(bare[at])
                 if entry is not None:
                     key = bare[at]
-            if at >= declared and entry is not None and entry.depth == 0:
-                if entry.id in dead_inside:  # a Region's text that is a dead source: unknown
+            if entry is not None and entry.depth == 0:
+                if entry.id not in dead_inside:
+                    inside.append(entry.id)  # (given whole: when dead, it hides nothing)
+                elif at >= declared:  # a Region's text that is a dead source: unknown
                     entry, key = None, digests[at]  # text, searched inside as such
-                else:
-                    inside.append(entry.id)
+                elif self._holds_known(item, data, digests[at], dead_inside, closures):
+                    entry, key = None, digests[at]  # a message holding known texts: split
             if entry is not None:
                 if key in self._entries:
                     self._entries.move_to_end(key)
@@ -1397,6 +1402,21 @@ class Ledger:
                 "embedded": frozenset(inside) if inside else _NOTHING,
             },
         )
+
+    def _holds_known(
+        self,
+        text: str,
+        data: bytes,
+        key: str,
+        hidden: AbstractSet[str],
+        closures: dict[str, AbstractSet[str]],
+    ) -> bool:
+        """Whether a message that is a dead source's whole text holds other known texts (found
+        with the source hiding nothing): then it is split as a guard that cannot find the
+        source splits it. Holding none, it stays that source (its own id, archived again)."""
+        parts: list[_Part] = []
+        self._split(text, data, key, parts, [], closures, [], hidden)
+        return any(not part[0].startswith(f"{UNREGISTERED}:") for part in parts)
 
     def _split(
         self,

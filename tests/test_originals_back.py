@@ -209,6 +209,30 @@ class TestInsideARegionsText:
         assert guard.check(value, summarizer="s").effect == "allow"
 
 
+@pytest.mark.parametrize("tombstones", [0, 1024], ids=["forgotten", "tombstone-kept"])
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "restarted"])
+def test_a_dead_source_given_whole_hides_no_summary(cached: bool, tombstones: int) -> None:
+    """A dead source the store no longer knows (no tombstone kept), its whole text given back
+    as a message, holding a summary's text: a guard still caching the source found it whole
+    (depth 0) and allowed, where a guard that cannot find it found the summary inside and
+    refused (the cache decided). Given whole, a dead source hides nothing it holds either,
+    whether the store still keeps its tombstone (found whole by digest) or not."""
+    store = MemoryStore(max_tombstones=tombstones)
+    recorder = Guard(store=store)
+    recorder.record_source("the live base of the summary", "tool_output", source_id="base")
+    recorder.record_source(CONFIG, "config_read", source_id="cfg")
+    inner = "retry ceiling 7 for the deploy job"
+    assert inner in CONFIG
+    of = recorder.provenance(["the live base of the summary"])
+    recorder.ledger.record_summary(inner, of, "default")  # (a summarizer's, recorded as such)
+    assert store.evict("cfg")
+    guard = recorder if cached else Guard(store=store)
+    region = guard.provenance([CONFIG])
+    assert region.depth == 1 and "base" in region.sources
+    decision = guard.check([CONFIG], summarizer="s", enforce=False)
+    assert decision.effect == "deny" and decision.dead_sources
+
+
 @pytest.mark.parametrize("cached", [True, False], ids=["cached", "restarted"])
 def test_a_summarizer_emptying_its_input_list_changes_nothing(tmp_path: Path, cached: bool) -> None:
     """A summarizer that consumes the list it is given (`messages.clear()`, as a compacting
