@@ -914,6 +914,8 @@ class Ledger:
             if not self._may_quote_summaries(text, data, key):
                 return None  # quoting no summary: evidence
             found = self._resolve([text])
+            if found.failure is None and found.embedded:  # a dead source in it hides nothing
+                found = self._declared([text], found, strict=True)
             if found.failure is not None:  # never stored as resting on what it could not read
                 raise found.failure
             if found.region.depth == 0:
@@ -1136,7 +1138,9 @@ class Ledger:
             return self._declared(items, resolution)
         return resolution
 
-    def _declared(self, items: list[Region | str], resolution: Resolution) -> Resolution:
+    def _declared(
+        self, items: list[Region | str], resolution: Resolution, *, strict: bool = False
+    ) -> Resolution:
         """`resolution` resolved again with the dead sources it found inside units (and as
         Regions' texts) hiding nothing they hold, and in a Region's text as unknown text.
 
@@ -1145,7 +1149,8 @@ class Ledger:
         it is not found, its bytes are searched like any unknown text: a summary inside it is
         found, and in a Region's text the rest is the Region's declared content. So where it
         is found it must do the same, or what the cache held would decide. (Found or not, it
-        counts as dead in a plain message: unrecognised content is dead until archived.)"""
+        counts as dead in a plain message: unrecognised content is dead until archived.)
+        `strict`: a store that cannot tell raises (a record is never written from a guess)."""
         live = resolution.live
         dead: frozenset[str] = frozenset()
         found = resolution
@@ -1156,6 +1161,8 @@ class Ledger:
                 if held is None:
                     held = self.store.live(embedded)
             except Exception:  # fail closed: counted as the sources they are, dead to the caller
+                if strict:
+                    raise
                 return found
             more = frozenset(s for s in embedded if s not in held)  # (`held` may be `_Grown`)
             if not more:
@@ -1517,7 +1524,8 @@ class Ledger:
                 over.append((_TEXT, digest_, 0, 0, _NO_PART))
             elif start < inside and start >= within:  # inside a dead source: found as well
                 over.append((_TEXT, digest_, 0, 0, _NO_PART))
-                within = end
+                if not (uncover and entry.depth == 0 and entry.id in uncover):
+                    within = end  # (a dead source in it hides nothing either: searched on)
         if cursor < len(data):
             ops.extend(self._gap(text, data, key, cursor, len(data), ascii))
         return (*ops, *over)

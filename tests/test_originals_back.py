@@ -234,6 +234,78 @@ def test_a_dead_source_given_whole_hides_no_summary(cached: bool, tombstones: in
 
 
 @pytest.mark.parametrize("cached", [True, False], ids=["cached", "restarted"])
+def test_a_dead_source_inside_a_dead_source_hides_nothing(cached: bool) -> None:
+    """A dead source whose text lies inside another dead source's, the summary inside the
+    inner one: where a guard uncovered the outer source it still skipped past the inner one
+    whole, so the summary in it went unseen where both were cached (allowed), and found where
+    neither was (refused). Nested, a dead source hides nothing either."""
+    store = MemoryStore(max_tombstones=0)
+    recorder = Guard(store=store)
+    recorder.record_source("the live base of the summary", "tool_output", source_id="base")
+    recorder.record_source(CONFIG, "config_read", source_id="cfg")
+    outer = CONFIG + "\nand the deploy runbook, read after it: page the on-call owner first"
+    recorder.record_source(outer, "tool_output", source_id="runbook")
+    inner = "retry ceiling 7 for the deploy job"
+    of = recorder.provenance(["the live base of the summary"])
+    recorder.ledger.record_summary(inner, of, "default")  # (a summarizer's, recorded as such)
+    assert store.evict("cfg") and store.evict("runbook")
+    guard = recorder if cached else Guard(store=store)
+    region = guard.provenance([outer])
+    assert region.depth == 1 and "base" in region.sources
+    assert guard.check([outer], summarizer="s", enforce=False).effect == "deny"
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "restarted"])
+def test_a_source_quoting_a_dead_source_keeps_the_summary_inside_it(cached: bool) -> None:
+    """A new source quoting a dead source whose text holds a summary: the guard recording it
+    found the dead source covering the summary and recorded the new text as plain evidence
+    (depth 0), where one that cannot find the dead source records it resting on the summary.
+    Its record now keeps the summary's depth and sources either way, so the new text given
+    back is judged as summary-bearing (depth 1), never allowed as original evidence."""
+    store = MemoryStore(max_tombstones=0)
+    recorder = Guard(store=store)
+    recorder.record_source("the live base of the summary", "tool_output", source_id="base")
+    recorder.record_source(CONFIG, "config_read", source_id="cfg")
+    inner = "retry ceiling 7 for the deploy job"
+    of = recorder.provenance(["the live base of the summary"])
+    recorder.ledger.record_summary(inner, of, "default")
+    assert store.evict("cfg")
+    guard = recorder if cached else Guard(store=store)
+    quoting = "the agent pasted the config back: " + CONFIG
+    guard.record_source(quoting, "ai_turn", source_id="turn")
+    for reader in (guard, Guard(store=store)):  # this guard, and one restarted since
+        region = reader.provenance([quoting])
+        assert region.depth == 1 and {"base", "turn"} <= region.sources
+        assert reader.check([quoting], summarizer="s", enforce=False).depth == 1
+
+
+def test_a_quoting_record_fails_when_the_store_cannot_tell_a_dead_source() -> None:
+    """Whether a quoted source is dead decides what the record rests on: a store that cannot
+    answer fails the record (nothing written) rather than have it guessed plain evidence."""
+
+    class Failing(MemoryStore):
+        down = False
+
+        def live(self, ids: Collection[str]) -> frozenset[str]:
+            if self.down:
+                raise ConnectionError("store down")
+            return super().live(ids)
+
+    store = Failing(max_tombstones=0)
+    guard = Guard(store=store)
+    guard.record_source("the live base of the summary", "tool_output", source_id="base")
+    guard.record_source(CONFIG, "config_read", source_id="cfg")
+    of = guard.provenance(["the live base of the summary"])
+    guard.ledger.record_summary("retry ceiling 7 for the deploy job", of, "default")
+    assert store.evict("cfg")
+    store.down = True
+    with pytest.raises(ConnectionError, match="store down"):
+        guard.record_source("pasted back: " + CONFIG, "ai_turn", source_id="turn")
+    store.down = False
+    assert store.live(["turn"]) == frozenset()  # nothing written under the id
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "restarted"])
 def test_a_summarizer_emptying_its_input_list_changes_nothing(tmp_path: Path, cached: bool) -> None:
     """A summarizer that consumes the list it is given (`messages.clear()`, as a compacting
     loop may do in place) leaves the output checked and archived against the input as it was
