@@ -1293,13 +1293,14 @@ class Ledger:
                 entry = known.get(bare[at]) or self._entries.get(bare[at])
                 if entry is not None:
                     key = bare[at]
+            whole = None  # a dead source given whole: split, as where it is not found
             if entry is not None and entry.depth == 0:
                 if entry.id not in dead_inside:
                     inside.append(entry.id)  # (given whole: when dead, it hides nothing)
                 elif at >= declared:  # a Region's text that is a dead source: unknown
                     entry, key = None, digests[at]  # text, searched inside as such
-                elif self._holds_known(item, data, digests[at], dead_inside, closures):
-                    entry, key = None, digests[at]  # a message holding known texts: split
+                else:
+                    whole, entry, key = entry, None, digests[at]
             if entry is not None:
                 if key in self._entries:
                     self._entries.move_to_end(key)
@@ -1313,7 +1314,7 @@ class Ledger:
                 continue
             mark = (len(parts), len(unregistered))
             try:
-                self._split(
+                found = self._split(
                     item,
                     data,
                     key,
@@ -1324,6 +1325,10 @@ class Ledger:
                     dead_inside,
                     at >= declared,
                 )
+                if whole is not None and not found:  # its text not indexed, holding nothing
+                    # known: it stays that source (its own id, archived again), not a gap
+                    del parts[mark[0] :], unregistered[mark[1] :]
+                    parts.append(self._region(whole, len(item), closures))
             except Exception as exc:
                 failure = exc
                 del parts[mark[0] :], unregistered[mark[1] :]
@@ -1410,21 +1415,6 @@ class Ledger:
             },
         )
 
-    def _holds_known(
-        self,
-        text: str,
-        data: bytes,
-        key: str,
-        hidden: AbstractSet[str],
-        closures: dict[str, AbstractSet[str]],
-    ) -> bool:
-        """Whether a message that is a dead source's whole text holds other known texts (found
-        with the source hiding nothing): then it is split as a guard that cannot find the
-        source splits it. Holding none, it stays that source (its own id, archived again)."""
-        parts: list[_Part] = []
-        self._split(text, data, key, parts, [], closures, [], hidden)
-        return any(not part[0].startswith(f"{UNREGISTERED}:") for part in parts)
-
     def _split(
         self,
         text: str,
@@ -1436,11 +1426,11 @@ class Ledger:
         inside: list[str],
         hidden: AbstractSet[str] = frozenset(),
         declared: bool = False,
-    ) -> None:
+    ) -> bool:
         """The known texts inside one message and the unrecognised gaps between them; the ids of
-        the sources found in it added to `inside`. The sources of `hidden` (dead:
-        `Ledger._declared`) hide nothing they hold; in a Region's text (`declared`) they are
-        unknown text, as the rest of its unrecognised text is.
+        the sources found in it added to `inside`; returns whether it found any known text. The
+        sources of `hidden` (dead: `Ledger._declared`) hide nothing they hold; in a Region's
+        text (`declared`) they are unknown text, as the rest of its unrecognised text is.
 
         How the message splits (`_recipe`) is remembered with where its known texts lie
         (`_found`): the same message in the next input is rebuilt from it and the entries of
@@ -1474,8 +1464,10 @@ class Ledger:
             if memo is not None and memo[3] is ordered and all(d in known for *_, d in ordered):
                 self._splits[key] = (*memo[:4], recipe)  # every text it holds was read
         ascii = len(data) == len(text)  # then byte offsets are character offsets
+        found = False
         for op, text_digest, start, end, part in recipe:
             if op == _TEXT:  # (its chars in `start`)
+                found = True
                 entry = known[text_digest]
                 if entry.depth == 0:
                     inside.append(entry.id)
@@ -1484,6 +1476,7 @@ class Ledger:
                 gap = text[start:end] if ascii else data[start:end].decode("utf-8", "surrogatepass")
                 unregistered.append((part[0], gap))
                 parts.append(part)
+        return found
 
     def _recipe(
         self,
