@@ -915,7 +915,7 @@ class Ledger:
                 return None  # quoting no summary: evidence
             found = self._resolve([text])
             if found.failure is None and found.embedded:  # a dead source in it hides nothing
-                found = self._declared([text], found, strict=True)
+                found = self._declared([text], found, recording=True)
             if found.failure is not None:  # never stored as resting on what it could not read
                 raise found.failure
             if found.region.depth == 0:
@@ -1139,7 +1139,7 @@ class Ledger:
         return resolution
 
     def _declared(
-        self, items: list[Region | str], resolution: Resolution, *, strict: bool = False
+        self, items: list[Region | str], resolution: Resolution, *, recording: bool = False
     ) -> Resolution:
         """`resolution` resolved again with the dead sources it found inside units (and as
         Regions' texts) hiding nothing they hold, and in a Region's text as unknown text.
@@ -1150,7 +1150,11 @@ class Ledger:
         found, and in a Region's text the rest is the Region's declared content. So where it
         is found it must do the same, or what the cache held would decide. (Found or not, it
         counts as dead in a plain message: unrecognised content is dead until archived.)
-        `strict`: a store that cannot tell raises (a record is never written from a guess)."""
+
+        `recording`: `items` is a source's text being recorded (`_carried`), which holds the
+        dead sources' text itself: they are unknown text in it, the new source's own, as where
+        they are not found; and a store that cannot tell raises (a record is never written
+        from a guess)."""
         live = resolution.live
         dead: frozenset[str] = frozenset()
         found = resolution
@@ -1161,7 +1165,7 @@ class Ledger:
                 if held is None:
                     held = self.store.live(embedded)
             except Exception:  # fail closed: counted as the sources they are, dead to the caller
-                if strict:
+                if recording:
                     raise
                 return found
             more = frozenset(s for s in embedded if s not in held)  # (`held` may be `_Grown`)
@@ -1169,7 +1173,9 @@ class Ledger:
                 break
             dead |= more
             with self._lock:
-                found = self._resolve(items, catch_up=False, dead_inside=dead)
+                found = self._resolve(
+                    items, catch_up=False, dead_inside=dead, dead_as_text=recording
+                )
             if found.failure is not None:
                 return found
         if found is resolution:
@@ -1236,6 +1242,7 @@ class Ledger:
         items: list[Region | str],
         catch_up: bool = True,
         dead_inside: AbstractSet[str] = frozenset(),
+        dead_as_text: bool = False,
     ) -> Resolution:
         if catch_up:
             try:
@@ -1297,8 +1304,8 @@ class Ledger:
             if entry is not None and entry.depth == 0:
                 if entry.id not in dead_inside:
                     inside.append(entry.id)  # (given whole: when dead, it hides nothing)
-                elif at >= declared:  # a Region's text that is a dead source: unknown
-                    entry, key = None, digests[at]  # text, searched inside as such
+                elif dead_as_text or at >= declared:  # a Region's text (or a record's)
+                    entry, key = None, digests[at]  # that is a dead source: unknown text
                 else:
                     whole, entry, key = entry, None, digests[at]
             if entry is not None:
@@ -1323,7 +1330,7 @@ class Ledger:
                     closures,
                     inside,
                     dead_inside,
-                    at >= declared,
+                    dead_as_text or at >= declared,
                 )
                 if whole is not None and not found:  # its text not indexed, holding nothing
                     # known: it stays that source (its own id, archived again), not a gap

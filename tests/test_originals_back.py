@@ -261,7 +261,9 @@ def test_a_source_quoting_a_dead_source_keeps_the_summary_inside_it(cached: bool
     found the dead source covering the summary and recorded the new text as plain evidence
     (depth 0), where one that cannot find the dead source records it resting on the summary.
     Its record now keeps the summary's depth and sources either way, so the new text given
-    back is judged as summary-bearing (depth 1), never allowed as original evidence."""
+    back is judged as summary-bearing (depth 1), never allowed as original evidence. The dead
+    source's text in it is the new source's own (it holds it, live), whichever guard recorded
+    it: the record rests on the new source, not the dead one, and so is decided the same."""
     store = MemoryStore(max_tombstones=0)
     recorder = Guard(store=store)
     recorder.record_source("the live base of the summary", "tool_output", source_id="base")
@@ -275,8 +277,9 @@ def test_a_source_quoting_a_dead_source_keeps_the_summary_inside_it(cached: bool
     guard.record_source(quoting, "ai_turn", source_id="turn")
     for reader in (guard, Guard(store=store)):  # this guard, and one restarted since
         region = reader.provenance([quoting])
-        assert region.depth == 1 and {"base", "turn"} <= region.sources
-        assert reader.check([quoting], summarizer="s", enforce=False).depth == 1
+        assert region.depth == 1 and region.sources == {"base", "turn"}
+        decision = reader.check([quoting], summarizer="s", enforce=False)
+        assert decision.depth == 1 and decision.allowed, decision.message
 
 
 def test_a_quoting_record_fails_when_the_store_cannot_tell_a_dead_source() -> None:
