@@ -13,6 +13,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
+import deep
 import pytest
 import yaml
 from hypothesis import HealthCheck, example, given, settings
@@ -23,11 +24,13 @@ from policyhook import cli
 from policyhook._loader import compile_sources
 from policyhook._tester import PolicyTestError, run_tests
 
-BUDGET = settings(
-    max_examples=150,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+BUDGET = deep.scaled(
+    settings(
+        max_examples=150,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
 )
 POLICY = (Path(__file__).resolve().parent.parent / "policies" / "default.yaml").read_text()
 POLICY_TEST = (

@@ -20,6 +20,7 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
+import deep
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -226,11 +227,13 @@ class HeldViewsSQLite(HeldViews):
 
 
 TestHeldViewsMemory = HeldViewsMemory.TestCase
-TestHeldViewsMemory.settings = HELD_SETTINGS
+TestHeldViewsMemory.settings = deep.scaled(HELD_SETTINGS)
 TestHeldViewsMemoryBounded = HeldViewsMemoryBounded.TestCase
-TestHeldViewsMemoryBounded.settings = HELD_SETTINGS
+TestHeldViewsMemoryBounded.settings = deep.scaled(HELD_SETTINGS)
 TestHeldViewsSQLite = HeldViewsSQLite.TestCase
-TestHeldViewsSQLite.settings = settings(HELD_SETTINGS, max_examples=200, stateful_step_count=40)
+TestHeldViewsSQLite.settings = deep.scaled(
+    settings(HELD_SETTINGS, max_examples=200, stateful_step_count=40)
+)
 
 
 # -- the ledger: `held` given to stores that take it, never to one that does not -------------

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import deep
 import pytest
 
 if not os.environ.get("CI"):  # in CI the adapters extra must be installed: fail, do not skip
@@ -279,8 +280,8 @@ SETTINGS = settings(
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
-LangChainLoop.TestCase.settings = SETTINGS
-LangmemLoop.TestCase.settings = SETTINGS
+LangChainLoop.TestCase.settings = deep.scaled(SETTINGS)
+LangmemLoop.TestCase.settings = deep.scaled(SETTINGS)
 TestLangChainLoop = LangChainLoop.TestCase
 TestLangmemLoop = LangmemLoop.TestCase
 

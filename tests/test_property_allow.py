@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from unittest import mock
 
+import deep
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -536,12 +537,14 @@ class Provenance(RuleBasedStateMachine):
             self.decide(guard, [text], "w1")
 
 
-Provenance.TestCase.settings = settings(
-    max_examples=45,
-    stateful_step_count=30,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+Provenance.TestCase.settings = deep.scaled(
+    settings(
+        max_examples=45,
+        stateful_step_count=30,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
 )
 TestProvenance = Provenance.TestCase
 

@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import deep
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_adapter_claude_code import SESSION, boundary, entry
@@ -166,13 +167,13 @@ BUDGET = settings(
 )
 
 
-@BUDGET
+@deep.scaled(BUDGET)
 @given(case=scenarios())
 def test_refused_exactly_when_an_original_is_gone(case: dict[str, Any], tmp_path: Path) -> None:
     _check(case, MemoryStore(), tmp_path)
 
 
-@settings(BUDGET, max_examples=40)
+@deep.scaled(settings(BUDGET, max_examples=40))
 @given(case=scenarios())
 def test_refused_exactly_when_an_original_is_gone_on_sqlite(
     case: dict[str, Any], tmp_path_factory: Any

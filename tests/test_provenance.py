@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 from unittest import mock
 
+import deep
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -641,7 +642,7 @@ class TestRememberedSplits:
         region = ledger.resolve(message, "w").region
         assert region.depth == 1 and "cfg" in region.sources
 
-    @settings(max_examples=60, deadline=None)
+    @deep.scaled(settings(max_examples=60, deadline=None))
     @given(
         cache=st.integers(1, 6),
         ops=st.lists(
@@ -760,7 +761,7 @@ _INDEX_OPS = st.lists(
 
 
 class TestIndexIncremental:
-    @settings(max_examples=60, deadline=None)
+    @deep.scaled(settings(max_examples=60, deadline=None))
     @given(
         first=st.integers(0, 80),
         ops=_INDEX_OPS,
@@ -969,7 +970,7 @@ class TestClosures:
         assert {"a", "b"} <= resolution.region.sources and resolution.live is not None
         assert "b" not in resolution.live
 
-    @settings(max_examples=60, deadline=None)
+    @deep.scaled(settings(max_examples=60, deadline=None))
     @given(
         st.lists(
             st.tuples(st.sampled_from(["", " ", "\n", "\t "]), st.integers(0, 3),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 from unittest import mock
 
+import deep
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -41,7 +42,7 @@ def _ledger(max_texts: int) -> Ledger:
 
 
 class TestRecordedAsResolvingWhole:
-    @settings(max_examples=150, deadline=None)
+    @deep.scaled(settings(max_examples=150, deadline=None))
     @given(steps=st.lists(_STEP, min_size=1, max_size=25), max_texts=st.sampled_from([3, 1000]))
     @example(  # a turn quoting a summary-bearing turn the 3-text cache dropped meanwhile
         steps=[

@@ -16,6 +16,7 @@ import string
 import tempfile
 from pathlib import Path
 
+import deep
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -162,12 +163,14 @@ class SourceIds(RuleBasedStateMachine):
 
 
 TestSourceIds = SourceIds.TestCase
-TestSourceIds.settings = settings(
-    max_examples=150,
-    stateful_step_count=30,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow],
+TestSourceIds.settings = deep.scaled(
+    settings(
+        max_examples=150,
+        stateful_step_count=30,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
 )
 
 

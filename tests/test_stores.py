@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+import deep
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -832,11 +833,13 @@ class TwoConnections(RuleBasedStateMachine):
         assert self.stores[which].view(0, 1, [], ids).live == self.expected(ids)
 
 
-TwoConnections.TestCase.settings = settings(
-    max_examples=80,
-    stateful_step_count=40,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow],
+TwoConnections.TestCase.settings = deep.scaled(
+    settings(
+        max_examples=80,
+        stateful_step_count=40,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
 )
 TestTwoConnections = TwoConnections.TestCase

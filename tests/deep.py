@@ -1,0 +1,51 @@
+"""Property tests' settings, made deeper on demand: `POLICYHOOK_DEEP=N` runs the stateful
+machines and the guard's property tests with N times their examples (machines: up to twice
+their steps), randomized, with no example database, printing a `@reproduce_failure` blob for
+what they find.
+
+Why: the suite's runs are derandomized (the same examples every run, so CI is stable) and
+short; the cache-dependent wrong allows of the last rounds were found only by longer random
+runs. This is how anyone reruns those:
+
+    POLICYHOOK_DEEP=20 .venv/bin/python -m pytest -q tests/test_property_allow.py
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from hypothesis import settings
+
+#: The environment variable naming how many times deeper: a whole number >= 1.
+VARIABLE = "POLICYHOOK_DEEP"
+
+
+def factor(environ: Mapping[str, str] = os.environ) -> int:
+    """How many times deeper (`POLICYHOOK_DEEP`): 0 when unset or empty (the suite's own runs)."""
+    raw = environ.get(VARIABLE, "").strip()
+    if not raw:
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{VARIABLE}={raw!r}: a whole number >= 1 (how many times deeper)")
+    return value
+
+
+def scaled(base: settings, times: int | None = None) -> settings:
+    """`base` as the suite runs it, or `times` (default: `factor()`) times deeper: randomized,
+    no example database (a run leaves nothing behind to replay), the blob printed."""
+    times = factor() if times is None else times
+    if not times:
+        return base
+    return settings(
+        base,
+        max_examples=base.max_examples * times,
+        stateful_step_count=base.stateful_step_count * min(times, 2),
+        derandomize=False,
+        database=None,
+        print_blob=True,
+    )
