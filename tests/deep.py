@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 #: The environment variable naming how many times deeper: a whole number >= 1.
 VARIABLE = "POLICYHOOK_DEEP"
@@ -49,3 +49,17 @@ def scaled(base: settings, times: int | None = None) -> settings:
         database=None,
         print_blob=True,
     )
+
+
+def suite(examples: int, steps: int | None = None, *also: HealthCheck) -> settings:
+    """A property test's settings as the suite runs it, scaled by `POLICYHOOK_DEEP`: `examples`
+    examples (a stateful machine's of `steps` steps), the same every run (derandomized), no
+    deadline and no too-slow check (real stores and whole guards are slow by nature), nor the
+    health checks of `also`."""
+    base = settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, *also],
+    )
+    return scaled(base if steps is None else settings(base, stateful_step_count=steps))

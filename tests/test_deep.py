@@ -33,6 +33,18 @@ def test_deeper_is_more_examples_longer_randomized_and_replayable() -> None:
     assert deeper.deadline is None and deeper.suppress_health_check == BASE.suppress_health_check
 
 
+def test_the_suites_settings_scale_with_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(deep.VARIABLE, raising=False)
+    own = deep.suite(45, 30, HealthCheck.filter_too_much)
+    assert (own.max_examples, own.stateful_step_count, own.derandomize) == (45, 30, True)
+    assert own.deadline is None
+    assert set(own.suppress_health_check) == {HealthCheck.too_slow, HealthCheck.filter_too_much}
+    monkeypatch.setenv(deep.VARIABLE, "4")
+    deeper = deep.suite(45, 30, HealthCheck.filter_too_much)
+    assert (deeper.max_examples, deeper.stateful_step_count, deeper.derandomize) == (180, 60, False)
+    assert deep.suite(150).max_examples == 600
+
+
 @pytest.mark.parametrize("raw", ["0", "-3", "ten", "2.5"])
 def test_a_bad_depth_names_the_variable_and_the_value(raw: str) -> None:
     with pytest.raises(ValueError, match=rf"POLICYHOOK_DEEP='{raw}': a whole number >= 1"):

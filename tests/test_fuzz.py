@@ -16,7 +16,7 @@ from typing import Any
 import deep
 import pytest
 import yaml
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, example, given
 from hypothesis import strategies as st
 
 import policyhook
@@ -24,14 +24,7 @@ from policyhook import cli
 from policyhook._loader import compile_sources
 from policyhook._tester import PolicyTestError, run_tests
 
-BUDGET = deep.scaled(
-    settings(
-        max_examples=150,
-        deadline=None,
-        derandomize=True,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-    )
-)
+BUDGET = deep.suite(150, None, HealthCheck.function_scoped_fixture)
 POLICY = (Path(__file__).resolve().parent.parent / "policies" / "default.yaml").read_text()
 POLICY_TEST = (
     Path(__file__).resolve().parent.parent / "policies" / "default_test.yaml"

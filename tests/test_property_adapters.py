@@ -34,7 +34,7 @@ if not os.environ.get("CI"):  # in CI the adapters extra must be installed: fail
     pytest.importorskip("langchain.agents.middleware")
     pytest.importorskip("langmem.short_term")
 
-from hypothesis import HealthCheck, currently_in_test_context, event, settings
+from hypothesis import currently_in_test_context, event
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from langchain.agents import create_agent
@@ -273,15 +273,9 @@ class LangmemLoop(Loop):
             self.summary_in_place(self.running.summary)
 
 
-SETTINGS = settings(
-    max_examples=40,
-    stateful_step_count=30,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-LangChainLoop.TestCase.settings = deep.scaled(SETTINGS)
-LangmemLoop.TestCase.settings = deep.scaled(SETTINGS)
+SETTINGS = deep.suite(40, 30)
+LangChainLoop.TestCase.settings = SETTINGS
+LangmemLoop.TestCase.settings = SETTINGS
 TestLangChainLoop = LangChainLoop.TestCase
 TestLangmemLoop = LangmemLoop.TestCase
 

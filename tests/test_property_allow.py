@@ -27,7 +27,7 @@ from unittest import mock
 
 import deep
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -537,15 +537,7 @@ class Provenance(RuleBasedStateMachine):
             self.decide(guard, [text], "w1")
 
 
-Provenance.TestCase.settings = deep.scaled(
-    settings(
-        max_examples=45,
-        stateful_step_count=30,
-        deadline=None,
-        derandomize=True,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    )
-)
+Provenance.TestCase.settings = deep.suite(45, 30, HealthCheck.filter_too_much)
 TestProvenance = Provenance.TestCase
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import deep
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 from test_adapter_claude_code import SESSION, boundary, entry
 
@@ -159,21 +159,16 @@ def _check(case: dict[str, Any], store: Any, folder: Path) -> None:
     assert effect == expected, (effect, case)
 
 
-BUDGET = settings(
-    max_examples=150,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+BUDGET = deep.suite(150, None, HealthCheck.function_scoped_fixture)
 
 
-@deep.scaled(BUDGET)
+@BUDGET
 @given(case=scenarios())
 def test_refused_exactly_when_an_original_is_gone(case: dict[str, Any], tmp_path: Path) -> None:
     _check(case, MemoryStore(), tmp_path)
 
 
-@deep.scaled(settings(BUDGET, max_examples=40))
+@deep.suite(40, None, HealthCheck.function_scoped_fixture)
 @given(case=scenarios())
 def test_refused_exactly_when_an_original_is_gone_on_sqlite(
     case: dict[str, Any], tmp_path_factory: Any

@@ -18,7 +18,7 @@ from typing import Any
 import anthropic.types as anth
 import deep
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from openai.types.chat import ChatCompletionMessage
@@ -39,14 +39,7 @@ SUMMARIES = {
 #: Registered texts (ai_turn) quoting a summary: they carry its provenance (issue 10 item 5).
 QUOTING = {f"Assistant: as summarized, {text}": dead for text, dead in SUMMARIES.items()}
 FRESH = ["a new user turn about the deploy", "tool output: 3 files changed", "ok", "\ud83d cut"]
-PRESSURE = deep.scaled(
-    settings(
-        max_examples=150,
-        deadline=None,
-        derandomize=True,
-        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-    )
-)
+PRESSURE = deep.suite(150, None, HealthCheck.function_scoped_fixture)
 
 
 @dataclass(frozen=True)

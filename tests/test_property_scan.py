@@ -23,7 +23,7 @@ from pathlib import Path
 from unittest import mock
 
 import deep
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
@@ -221,14 +221,6 @@ class ScanWindows(Scan):
 
 
 for machine in (Scan, ScanWindows):
-    machine.TestCase.settings = deep.scaled(
-        settings(
-            max_examples=60,
-            stateful_step_count=40,
-            deadline=None,
-            derandomize=True,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-        )
-    )
+    machine.TestCase.settings = deep.suite(60, 40, HealthCheck.filter_too_much)
 TestScan = Scan.TestCase
 TestScanWindows = ScanWindows.TestCase

@@ -19,7 +19,7 @@ from typing import Any
 
 import deep
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from policyhook import Guard, MemoryStore, SQLiteStore
@@ -240,14 +240,7 @@ OPS = st.lists(
     min_size=1,
     max_size=30,
 )
-PROPERTY = deep.scaled(
-    settings(
-        max_examples=60,
-        deadline=None,
-        derandomize=True,
-        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-    )
-)
+PROPERTY = deep.suite(60, None, HealthCheck.function_scoped_fixture)
 
 
 class _Oracle:

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import deep
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
@@ -163,15 +162,7 @@ class SourceIds(RuleBasedStateMachine):
 
 
 TestSourceIds = SourceIds.TestCase
-TestSourceIds.settings = deep.scaled(
-    settings(
-        max_examples=150,
-        stateful_step_count=30,
-        deadline=None,
-        derandomize=True,
-        suppress_health_check=[HealthCheck.too_slow],
-    )
-)
+TestSourceIds.settings = deep.suite(150, 30)
 
 
 class TestReRegistration:

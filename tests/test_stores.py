@@ -11,7 +11,6 @@ from typing import Any, Literal
 
 import deep
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 from store_contract import MakeStore, Reopen, StoreContract, summary
@@ -833,13 +832,5 @@ class TwoConnections(RuleBasedStateMachine):
         assert self.stores[which].view(0, 1, [], ids).live == self.expected(ids)
 
 
-TwoConnections.TestCase.settings = deep.scaled(
-    settings(
-        max_examples=80,
-        stateful_step_count=40,
-        deadline=None,
-        derandomize=True,
-        suppress_health_check=[HealthCheck.too_slow],
-    )
-)
+TwoConnections.TestCase.settings = deep.suite(80, 40)
 TestTwoConnections = TwoConnections.TestCase
