@@ -1,6 +1,6 @@
-"""Property tests' settings, made deeper on demand: `POLICYHOOK_DEEP=N` runs the stateful
-machines and the guard's property tests with N times their examples (machines: up to twice
-their steps), randomized, with no example database, printing a `@reproduce_failure` blob for
+"""Property tests' settings, made deeper on demand: `POLICYHOOK_DEEP=N` runs the property
+tests (provenance, the index, stores, adapters, remedies) with N times their examples (stateful
+machines: twice their steps), randomized, with no example database, printing a `@reproduce_failure` blob for
 what they find.
 
 Why: the suite's runs are derandomized (the same examples every run, so CI is stable) and

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import deep
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -418,7 +419,7 @@ _REQUEST_FIELDS = {
 
 
 class TestRequest:
-    @settings(max_examples=400, deadline=None)
+    @deep.scaled(settings(max_examples=400, deadline=None))
     @given(st.fixed_dictionaries({}, optional=_REQUEST_FIELDS))
     @example({"window": ""})  # the edges of each field, always tried
     @example({"attempt": 0, "window_tokens": 2**63 - 1})

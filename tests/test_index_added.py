@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from unittest import mock
 
+import deep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from index_history import placed
@@ -21,7 +22,7 @@ def confirmed(index: Index, value: bytes, found: list[tuple[int, int, str]]) -> 
 
 
 class TestFindAdded:
-    @settings(max_examples=80, deadline=None)
+    @deep.scaled(settings(max_examples=80, deadline=None))
     @given(
         before=st.lists(st.integers(0, 59), max_size=80),
         dropped=st.lists(st.integers(0, 59), max_size=10),

@@ -16,6 +16,7 @@ import random
 from typing import Any
 from unittest import mock
 
+import deep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from index_history import placed
@@ -166,7 +167,7 @@ class _History:
 
 
 class TestChunkedSearch:
-    @settings(max_examples=150, deadline=None)
+    @deep.scaled(settings(max_examples=150, deadline=None))
     @given(
         first=st.lists(st.integers(0, len(TEXTS) - 1), max_size=8),
         ops=_OPS,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import ClassVar
 from unittest import mock
 
+import deep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from index_history import placed
@@ -51,7 +52,7 @@ class TestKeyedHits:
         assert set(index._keyed) == {"d0", "d1", "d2", "d4"}
         assert {c[2] for _, c in index._sources.fresh} == {"d3", "d5"}
 
-    @settings(max_examples=300, deadline=None)
+    @deep.scaled(settings(max_examples=300, deadline=None))
     @given(
         texts=st.lists(st.binary(min_size=16, max_size=60).map(bytes), min_size=1, max_size=8),
         parts=st.lists(st.tuples(st.integers(0, 7), st.binary(max_size=40)), max_size=8),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 from unittest import mock
 
+import deep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from index_history import placed, replay
@@ -34,7 +35,7 @@ def _sizes(index: Index) -> list[int]:
 
 
 class TestMergedLevels:
-    @settings(max_examples=80, deadline=None)
+    @deep.scaled(settings(max_examples=80, deadline=None))
     @given(
         first=st.integers(0, 120),
         ops=_OPS,

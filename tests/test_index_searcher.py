@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 from unittest import mock
 
+import deep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from index_history import known_texts, replay
@@ -37,7 +38,7 @@ def _levels_by_kind(index: Index) -> tuple[int, int]:
 
 
 class TestSearcher:
-    @settings(max_examples=60, deadline=None)
+    @deep.scaled(settings(max_examples=60, deadline=None))
     @given(
         first=st.integers(0, 120),
         ops=_OPS,

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import deep
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,7 +25,7 @@ from policyhook.remedies import Escalation
 
 
 class TestChunks:
-    @settings(max_examples=200, deadline=None, derandomize=True)
+    @deep.scaled(settings(max_examples=200, deadline=None, derandomize=True))
     @given(st.lists(st.text(max_size=40), max_size=30), st.integers(1, 120))
     def test_groups_keep_order_never_cut_and_fit_the_budget(
         self, texts: list[str], budget: int
@@ -49,7 +50,7 @@ class TestChunks:
 
 
 class TestOffloadPayload:
-    @settings(max_examples=100, deadline=None, derandomize=True)
+    @deep.scaled(settings(max_examples=100, deadline=None, derandomize=True))
     @given(st.lists(st.text()))
     def test_archive_round_trips_exactly(self, texts: list[str]) -> None:
         """Whatever texts are archived come back identical, in order."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import deep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,7 +18,7 @@ _TEXTS = st.one_of(
 
 
 class TestMemoryStoreSourceEntries:
-    @settings(max_examples=300, deadline=None)
+    @deep.scaled(settings(max_examples=300, deadline=None))
     @given(texts=st.lists(_TEXTS, min_size=1, max_size=6, unique=True))
     def test_a_source_is_indexed_as_entry_of_source_makes_it(self, texts: list[str]) -> None:
         """A source put is found by its keyed digest and anchor, as `Entry.of_source` makes
