@@ -1,7 +1,7 @@
 """Property tests' settings, made deeper on demand: `POLICYHOOK_DEEP=N` runs the property
 tests (provenance, the index, stores, adapters, remedies) with N times their examples (stateful
-machines: twice their steps), randomized, with no example database, printing a `@reproduce_failure` blob for
-what they find.
+machines: twice their steps), randomized, with no example database, printing a
+`@reproduce_failure` blob for what they find.
 
 Why: the suite's runs are derandomized (the same examples every run, so CI is stable) and
 short; the cache-dependent wrong allows of the last rounds were found only by longer random
