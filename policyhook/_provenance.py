@@ -913,9 +913,7 @@ class Ledger:
                 )
             if not self._may_quote_summaries(text, data, key):
                 return None  # quoting no summary: evidence
-            found = self._resolve([text])
-            if found.failure is None and found.embedded:  # a dead source in it hides nothing
-                found = self._declared([text], found, recording=True)
+            found = self._resolve([text], recording=True)
             if found.failure is not None:  # never stored as resting on what it could not read
                 raise found.failure
             if found.region.depth == 0:
@@ -1138,9 +1136,7 @@ class Ledger:
             return self._declared(items, resolution)
         return resolution
 
-    def _declared(
-        self, items: list[Region | str], resolution: Resolution, *, recording: bool = False
-    ) -> Resolution:
+    def _declared(self, items: list[Region | str], resolution: Resolution) -> Resolution:
         """`resolution` resolved again with the dead sources it found inside units (and as
         Regions' texts) hiding nothing they hold, and in a Region's text as unknown text.
 
@@ -1149,12 +1145,7 @@ class Ledger:
         it is not found, its bytes are searched like any unknown text: a summary inside it is
         found, and in a Region's text the rest is the Region's declared content. So where it
         is found it must do the same, or what the cache held would decide. (Found or not, it
-        counts as dead in a plain message: unrecognised content is dead until archived.)
-
-        `recording`: `items` is a source's text being recorded (`_carried`), which holds the
-        dead sources' text itself: they are unknown text in it, the new source's own, as where
-        they are not found; and a store that cannot tell raises (a record is never written
-        from a guess)."""
+        counts as dead in a plain message: unrecognised content is dead until archived.)"""
         live = resolution.live
         dead: frozenset[str] = frozenset()
         found = resolution
@@ -1165,17 +1156,13 @@ class Ledger:
                 if held is None:
                     held = self.store.live(embedded)
             except Exception:  # fail closed: counted as the sources they are, dead to the caller
-                if recording:
-                    raise
                 return found
             more = frozenset(s for s in embedded if s not in held)  # (`held` may be `_Grown`)
             if not more:
                 break
             dead |= more
             with self._lock:
-                found = self._resolve(
-                    items, catch_up=False, dead_inside=dead, dead_as_text=recording
-                )
+                found = self._resolve(items, catch_up=False, dead_inside=dead)
             if found.failure is not None:
                 return found
         if found is resolution:
@@ -1242,8 +1229,12 @@ class Ledger:
         items: list[Region | str],
         catch_up: bool = True,
         dead_inside: AbstractSet[str] = frozenset(),
-        dead_as_text: bool = False,
+        recording: bool = False,
     ) -> Resolution:
+        """What `items` is made of (`resolve_units`). `recording`: `items` is one text being
+        recorded as a source (`Ledger._carried`), which holds verbatim whatever source it
+        quotes: only the summaries in it are found, the rest is its own (gaps), so what it
+        rests on never depends on whether a quoted source is cached, live or dead."""
         if catch_up:
             try:
                 self._catch_up()
@@ -1302,10 +1293,12 @@ class Ledger:
                     key = bare[at]
             whole = None  # a dead source given whole: split, as where it is not found
             if entry is not None and entry.depth == 0:
-                if entry.id not in dead_inside:
+                if recording:  # (its stripped form a known source's text: its own, too)
+                    entry, key = None, digests[at]
+                elif entry.id not in dead_inside:
                     inside.append(entry.id)  # (given whole: when dead, it hides nothing)
-                elif dead_as_text or at >= declared:  # a Region's text (or a record's)
-                    entry, key = None, digests[at]  # that is a dead source: unknown text
+                elif at >= declared:  # a Region's text that is a dead source: unknown
+                    entry, key = None, digests[at]  # text, searched inside as such
                 else:
                     whole, entry, key = entry, None, digests[at]
             if entry is not None:
@@ -1330,7 +1323,8 @@ class Ledger:
                     closures,
                     inside,
                     dead_inside,
-                    dead_as_text or at >= declared,
+                    at >= declared,
+                    recording,
                 )
                 if whole is not None and not found:  # its text not indexed, holding nothing
                     # known: it stays that source (its own id, archived again), not a gap
@@ -1433,11 +1427,13 @@ class Ledger:
         inside: list[str],
         hidden: AbstractSet[str] = frozenset(),
         declared: bool = False,
+        summaries_only: bool = False,
     ) -> bool:
         """The known texts inside one message and the unrecognised gaps between them; the ids of
         the sources found in it added to `inside`; returns whether it found any known text. The
         sources of `hidden` (dead: `Ledger._declared`) hide nothing they hold; in a Region's
-        text (`declared`) they are unknown text, as the rest of its unrecognised text is.
+        text (`declared`) they are unknown text, as the rest of its unrecognised text is; with
+        `summaries_only` (a text being recorded), so is every source.
 
         How the message splits (`_recipe`) is remembered with where its known texts lie
         (`_found`): the same message in the next input is rebuilt from it and the entries of
@@ -1445,13 +1441,17 @@ class Ledger:
         ordered = self._found(data, key)
         memo = self._splits.get(key)
         recipe = memo[4] if memo is not None and memo[3] is ordered else None
-        if hidden:  # (not remembered: the memo is of every text found, as known)
+        if hidden or summaries_only:  # (not remembered: the memo is of every text, as known)
             known = self._fetch([d for *_, d in ordered])
-            if declared:  # split as if they were not known
+            if declared or summaries_only:  # split as if they were not known
                 kept = []
                 for hit in ordered:
                     entry = known.get(hit[2])
-                    if entry is None or entry.depth > 0 or entry.id not in hidden:
+                    if (  # a summary, or a source neither recorded over nor hidden
+                        entry is None
+                        or entry.depth > 0
+                        or not (summaries_only or entry.id in hidden)
+                    ):
                         kept.append(hit)
                 recipe = self._recipe(text, data, key, tuple(kept), known)
             else:

@@ -282,9 +282,10 @@ def test_a_source_quoting_a_dead_source_keeps_the_summary_inside_it(cached: bool
         assert decision.depth == 1 and decision.allowed, decision.message
 
 
-def test_a_quoting_record_fails_when_the_store_cannot_tell_a_dead_source() -> None:
-    """Whether a quoted source is dead decides what the record rests on: a store that cannot
-    answer fails the record (nothing written) rather than have it guessed plain evidence."""
+def test_a_quoting_record_asks_no_liveness() -> None:
+    """What a quoting record rests on never depends on whether a quoted source is live (the new
+    source holds its text): recorded the same while the store cannot answer liveness, not
+    failed or guessed."""
 
     class Failing(MemoryStore):
         down = False
@@ -302,10 +303,36 @@ def test_a_quoting_record_fails_when_the_store_cannot_tell_a_dead_source() -> No
     guard.ledger.record_summary("retry ceiling 7 for the deploy job", of, "default")
     assert store.evict("cfg")
     store.down = True
-    with pytest.raises(ConnectionError, match="store down"):
-        guard.record_source("pasted back: " + CONFIG, "ai_turn", source_id="turn")
+    guard.record_source("pasted back: " + CONFIG, "ai_turn", source_id="turn")
     store.down = False
-    assert store.live(["turn"]) == frozenset()  # nothing written under the id
+    region = Guard(store=store).provenance(["pasted back: " + CONFIG])
+    assert region.depth == 1 and region.sources == {"base", "turn"}
+
+
+@pytest.mark.parametrize("evicted", ["before", "after"])
+def test_a_live_source_quoted_beside_a_summary_is_the_new_sources_own(evicted: str) -> None:
+    """A turn quoting a summary and a source: the turn holds the source's text verbatim, so
+    its record rests on the summary and the turn, not on the quoted source, as a turn quoting
+    no summary does (plain evidence). Whether that source was evicted before the turn was
+    recorded or after, re-summarizing the turn is decided the same: allowed (it used to rest
+    on the source when it was live at record, and was refused once it was evicted)."""
+    store = MemoryStore()
+    guard = Guard(store=store)
+    guard.record_source("the live base of the summary", "tool_output", source_id="base")
+    guard.record_source(CONFIG, "config_read", source_id="cfg")
+    summary = "retry ceiling 7 for the deploy job, from the runbook"
+    guard.ledger.record_summary(summary, guard.provenance(["the live base of the summary"]), "w")
+    turn = f"the agent pasted the config back:\n{CONFIG}\nand said: {summary}"
+    if evicted == "before":
+        assert store.evict("cfg")
+    guard.record_source(turn, "ai_turn", source_id="turn")
+    if evicted == "after":
+        assert store.evict("cfg")
+    for reader in (guard, Guard(store=store)):  # this guard, and one restarted since
+        region = reader.provenance([turn])
+        assert region.depth == 1 and region.sources == {"base", "turn"}
+        decision = reader.check([turn], summarizer="s", enforce=False)
+        assert decision.allowed, decision.message
 
 
 @pytest.mark.parametrize("cached", [True, False], ids=["cached", "restarted"])
