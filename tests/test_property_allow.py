@@ -81,15 +81,18 @@ class Oracle:
         #: which need not be the oracle's pieces (`covered`).
         self.places: dict[str, set[tuple[bytes, int]]] = {}
 
-    def unit(self, unit: str, into: Found, wrapped: bool = False) -> list[str]:
+    def unit(
+        self, unit: str, into: Found, wrapped: bool = False, recording: bool = False
+    ) -> list[str]:
         """Add what one unit rests on to `into`; returns its gaps (unrecognised content).
         `wrapped` (a Region's text): a source whose ids are all dead is unknown text there, so
-        it hides nothing it holds (a known text inside it is found)."""
+        it hides nothing it holds (a known text inside it is found). `recording` (a text being
+        recorded as a source): so is every source, live or not (the text holds it verbatim)."""
         if not unit.strip():
             return []
         data = encode(unit)
         for whole in (unit, unit.strip()):
-            if whole in self.known and not (wrapped and self._dead_source(whole)):
+            if whole in self.known and not self._unknown(whole, wrapped, recording):
                 own = self._add(whole, into)
                 for gap in own:
                     self._place(gap, data, data.find(encode(whole)))
@@ -97,7 +100,7 @@ class Oracle:
         hits: list[tuple[int, int, str]] = []
         for text in self.known:
             needle = encode(text)
-            if len(needle) < EMBEDDED or (wrapped and self._dead_source(text)):
+            if len(needle) < EMBEDDED or self._unknown(text, wrapped, recording):
                 continue
             at = data.find(needle)
             while at != -1:
@@ -128,9 +131,12 @@ class Oracle:
         into.gaps.update(kept)
         return kept
 
-    def _dead_source(self, text: str) -> bool:
+    def _unknown(self, text: str, wrapped: bool, recording: bool) -> bool:
+        """Whether a known text counts as unknown text where it lies (see `unit`)."""
         known = self.known[text]
-        return known.depth == 0 and not any(map(self.held, known.sources))
+        if known.depth > 0:
+            return False
+        return recording or (wrapped and not any(map(self.held, known.sources)))
 
     def text_held(self, source_id: str) -> bool:
         """Whether the text `source_id` names is held: under it, or, for a text held under
@@ -193,7 +199,7 @@ class Oracle:
             earlier.sources.add(source_id)
             return
         found = Found()
-        own = self.unit(text, found)
+        own = self.unit(text, found, recording=True)
         if found.depth == 0:
             self.known[text] = Known(0, {source_id})
         else:  # quoting summaries: their provenance, and the new source (holding the gaps)
