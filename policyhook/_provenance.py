@@ -1299,6 +1299,12 @@ class Ledger:
                     inside.append(entry.id)  # (given whole: when dead, it hides nothing)
                 elif at >= declared:  # a Region's text that is a dead source: unknown
                     entry, key = None, digests[at]  # text, searched inside as such
+                elif (around := self._bare_entry(bare.get(at), known, dead_inside)) is not None:
+                    # Whitespace around a known text: that text, as where the source is not
+                    # found (its own text, split, would cover the text inside it)
+                    entry, key = around, around.digest
+                    if entry.depth == 0:
+                        inside.append(entry.id)
                 else:
                     whole, entry, key = entry, None, digests[at]
             if entry is not None:
@@ -1415,6 +1421,18 @@ class Ledger:
                 "embedded": frozenset(inside) if inside else _NOTHING,
             },
         )
+
+    def _bare_entry(
+        self, bare: str | None, known: Mapping[str, Entry], dead: AbstractSet[str]
+    ) -> Entry | None:
+        """The entry of a message's stripped form (`bare`: its digest), unless it is unknown or
+        a source of `dead` too."""
+        if bare is None:
+            return None
+        entry = known.get(bare) or self._entries.get(bare)
+        if entry is None or (entry.depth == 0 and entry.id in dead):
+            return None
+        return entry
 
     def _split(
         self,

@@ -282,6 +282,31 @@ def test_a_source_quoting_a_dead_source_keeps_the_summary_inside_it(cached: bool
         assert decision.depth == 1 and decision.allowed, decision.message
 
 
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "restarted"])
+def test_a_dead_source_that_is_a_summary_with_whitespace_around_it_is_that_summary(
+    cached: bool,
+) -> None:
+    """A message that is a dead source's whole text, that text a summary's with whitespace
+    around it (the summary recorded after the source): a guard still caching the source found
+    it covering the summary and refused on it, one that cannot find it read the message as
+    the summary (whitespace around a known text) and allowed. Both read it as the summary now.
+    Found by a deep run of the stateful property test."""
+    store = MemoryStore()
+    recorder = Guard(store=store)
+    recorder.record_source("the live base of the summary", "tool_output", source_id="base")
+    summary = "retry ceiling 7 for the deploy job, as summarized"
+    message = f"\n{summary} \t"
+    recorder.record_source(message, "tool_output", source_id="padded")
+    of = recorder.provenance(["the live base of the summary"])
+    recorder.ledger.record_summary(summary, of, "w")
+    assert store.evict("padded")
+    guard = recorder if cached else Guard(store=store)
+    region = guard.provenance([message])
+    assert region.depth == 1 and region.sources == {"base"}
+    decision = guard.check([message], summarizer="s", enforce=False)
+    assert decision.allowed, decision.message
+
+
 def test_a_quoting_record_asks_no_liveness() -> None:
     """What a quoting record rests on never depends on whether a quoted source is live (the new
     source holds its text): recorded the same while the store cannot answer liveness, not
