@@ -124,6 +124,9 @@ class MemoryStore:
         # source id -> digest of the one text it names: every id held or tombstoned (`_named`),
         # then the ids of forgotten tombstones, oldest first (`_retired`, at most `max_ids`)
         self._named: dict[str, str] = {}
+        # text digest -> the ids naming it, for a source's text put under more than one id
+        # (rare): forgetting the id its entry names hands the entry to one still held
+        self._shared: dict[str, set[str]] = {}
         self._retired: OrderedDict[str, str] = OrderedDict()
         self._forgotten = 0  # ids dropped from `_retired`: past it, unknown ids may be reused
         self._entries: dict[str, Entry] = {}  # digest -> entry
@@ -202,13 +205,28 @@ class MemoryStore:
                 self._retired.popitem(last=False)
                 self._forgotten += 1
             for d in self._of_source.pop(forgotten, ()):
+                heir = self._heir(d, forgotten)
                 entry = self._entries.get(d)
                 if entry is None or entry.depth > 0 or entry.id != forgotten:
-                    continue  # a summary now, or the same text put under a live id
+                    continue  # a summary now, or the same text put under another id since
+                if heir is not None:  # the same text, put earlier under an id still held
+                    source, text, _ = self._held[heir]
+                    self._index(Entry.of_source(self._hashes, source, text, d), entry)
+                    continue
                 del self._entries[d]
                 self._unlog(self._order.pop(d, None))
                 if entry.anchor is not None:
                     self._unanchor(entry.anchor, d)
+
+    def _heir(self, text_digest: str, forgotten: str) -> str | None:
+        """An id other than `forgotten` that names the text of `text_digest` and is held."""
+        ids = self._shared.get(text_digest)
+        if ids is None:
+            return None
+        ids.discard(forgotten)
+        if len(ids) < 2:
+            del self._shared[text_digest]
+        return next((i for i in sorted(ids) if i in self._held), None)
 
     def _unlog(self, seq: int | None) -> None:
         """Mark the write `seq` superseded (its text written again, or forgotten): `since`
@@ -281,6 +299,8 @@ class MemoryStore:
             self._timed = self._timed or bool(self.ttl)
             self._dead.pop(source.id, None)
             known = self._entries.get(entry.digest)
+            if known is not None and known.depth == 0 and known.id != source.id:
+                self._shared.setdefault(entry.digest, {known.id}).add(source.id)
             if known is None or known.depth == 0:  # a summary's text stays that summary
                 self._index(entry, known)
             if self.max_sources is not None:

@@ -128,6 +128,29 @@ class TestMemoryStoreBounds:
         assert anchor is not None
         assert {e.id for e in store.by_anchor([anchor])} == {"s2", "s3", "s4", "s5"}
 
+    def test_a_text_still_held_under_another_id_stays_known_when_one_is_forgotten(self) -> None:
+        """A text put under two ids, the later one evicted and its tombstone forgotten: the text
+        is still held under the earlier id, so its entry goes to that id, never dropped (a
+        guard would no longer recognise a live source's text, found only as new content)."""
+        store = MemoryStore(max_sources=3, max_tombstones=0)
+        text = "retry ceiling 7 for the deploy job, from deploy.yaml"
+        store.put_source(Source("first", "config_read"), text)
+        store.put_source(Source("second", "tool_output"), text)
+        key = digest(store.secret(), encode(text))
+        assert store.lookup([key])[key].id == "second"  # found under the later id
+        assert store.evict("second") and store.states(["second"]) == {}  # forgotten at once
+        entry = store.lookup([key])[key]
+        assert (entry.id, entry.kind, entry.sources) == ("first", "config_read", ("first",))
+        anchor = anchor_of(store.secret(), encode(text))
+        assert anchor is not None and [e.id for e in store.by_anchor([anchor])] == ["first"]
+        _, written = store.since(0, 100)
+        assert any(e.digest == key and e.id == "first" for e, _ in written)  # others catch up
+        guard = Guard(store=store)
+        region = guard.provenance([f"the agent read: {text}"])
+        assert "first" in region.sources and region.depth == 0
+        assert store.evict("first")  # no id holds it now: forgotten with it, as a lone text is
+        assert store.lookup([key]) == {} and store._shared == {}
+
     def test_a_long_run_stays_bounded(self) -> None:
         """20,000 rounds of new sources, evictions, re-puts and summaries: every structure of
         the store stays within its bound except one small entry per summary made, and every
@@ -147,7 +170,7 @@ class TestMemoryStoreBounds:
                 made.append(entry)
         sizes = {
             name: len(getattr(store, name))
-            for name in ("_held", "_dead", "_texts", "_facts", "_named", "_retired")
+            for name in ("_held", "_dead", "_texts", "_facts", "_named", "_retired", "_shared")
         }
         assert sizes == {
             "_held": 50,
@@ -156,6 +179,7 @@ class TestMemoryStoreBounds:
             "_facts": 50,
             "_named": 100,
             "_retired": 4096,
+            "_shared": 0,
         }
         assert len(store._entries) == len(store._order) <= 50 + 50 + len(made) + 1
         assert len(store._of_source) <= 50 + 50 + 1
