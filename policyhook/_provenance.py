@@ -918,7 +918,9 @@ class Ledger:
                 raise found.failure
             if found.region.depth == 0:
                 return None
-            parents, direct = self._made_of[found.region.id]
+            # Taken out: a decision's resolve of the same text made it with the sources it
+            # quotes, which a summary recorded of that decision must rest on
+            parents, direct = self._made_of.pop(found.region.id)
             gaps = {gap for gap, _ in found.unregistered}  # held by the new source itself
             kinds = found.region.source_kinds - ({UNREGISTERED} if gaps else set())
         return Entry(

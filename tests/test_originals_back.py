@@ -307,6 +307,25 @@ def test_a_dead_source_that_is_a_summary_with_whitespace_around_it_is_that_summa
     assert decision.allowed, decision.message
 
 
+def test_a_record_made_between_a_decision_and_its_summary_changes_nothing_it_rests_on() -> None:
+    """A turn decided on (resting on the source it quotes), then recorded as a source by another
+    caller before the decision's summary is: the summary still rests on the quoted source (the
+    record, which leaves quoted sources out, never stands in for the decision's provenance)."""
+    store = MemoryStore()
+    guard = Guard(store=store)
+    guard.record_source("the live base of the summary", "tool_output", source_id="base")
+    guard.record_source(CONFIG, "config_read", source_id="cfg")
+    summary = "retry ceiling 7 for the deploy job, as summarized"
+    guard.ledger.record_summary(summary, guard.provenance(["the live base of the summary"]), "w")
+    turn = f"the agent pasted the config back:\n{CONFIG}\nand said: {summary}"
+    decided = guard.ledger.resolve([turn], "w").region
+    assert {"cfg", "base"} <= decided.sources
+    guard.record_source(turn, "ai_turn", source_id="turn")  # meanwhile, another caller
+    output = "Summary: the deploy job retries up to 7 times"
+    guard.ledger.record_summary(output, decided, "w")
+    assert {"cfg", "base"} <= Guard(store=store).provenance([output]).sources
+
+
 def test_a_quoting_record_asks_no_liveness() -> None:
     """What a quoting record rests on never depends on whether a quoted source is live (the new
     source holds its text): recorded the same while the store cannot answer liveness, not
