@@ -42,6 +42,17 @@ SHAPES: dict[str, Callable[[str], list[str]]] = {
 }
 
 
+def summarized(store: MemoryStore, summary: str, **sources: str) -> Guard:
+    """A guard on `store` that recorded the live source `base`, then `sources` (id=text), then
+    `summary` as a summarizer's output made of `base` (recorded as such)."""
+    guard = Guard(store=store)
+    guard.record_source("the live base of the summary", "tool_output", source_id="base")
+    for source_id, text in sources.items():
+        guard.record_source(text, "tool_output", source_id=source_id)
+    guard.ledger.record_summary(summary, guard.provenance(["the live base of the summary"]), "w")
+    return guard
+
+
 def summarizer() -> Callable[[object], str]:
     """A new summary every pass (one recorded text each), stating one fact of the config."""
     passes = iter(["first", "second", "third"])
@@ -218,13 +229,9 @@ def test_a_dead_source_given_whole_hides_no_summary(cached: bool, tombstones: in
     refused (the cache decided). Given whole, a dead source hides nothing it holds either,
     whether the store still keeps its tombstone (found whole by digest) or not."""
     store = MemoryStore(max_tombstones=tombstones)
-    recorder = Guard(store=store)
-    recorder.record_source("the live base of the summary", "tool_output", source_id="base")
-    recorder.record_source(CONFIG, "config_read", source_id="cfg")
     inner = "retry ceiling 7 for the deploy job"
     assert inner in CONFIG
-    of = recorder.provenance(["the live base of the summary"])
-    recorder.ledger.record_summary(inner, of, "default")  # (a summarizer's, recorded as such)
+    recorder = summarized(store, inner, cfg=CONFIG)
     assert store.evict("cfg")
     guard = recorder if cached else Guard(store=store)
     region = guard.provenance([CONFIG])
@@ -240,14 +247,8 @@ def test_a_dead_source_inside_a_dead_source_hides_nothing(cached: bool) -> None:
     whole, so the summary in it went unseen where both were cached (allowed), and found where
     neither was (refused). Nested, a dead source hides nothing either."""
     store = MemoryStore(max_tombstones=0)
-    recorder = Guard(store=store)
-    recorder.record_source("the live base of the summary", "tool_output", source_id="base")
-    recorder.record_source(CONFIG, "config_read", source_id="cfg")
     outer = CONFIG + "\nand the deploy runbook, read after it: page the on-call owner first"
-    recorder.record_source(outer, "tool_output", source_id="runbook")
-    inner = "retry ceiling 7 for the deploy job"
-    of = recorder.provenance(["the live base of the summary"])
-    recorder.ledger.record_summary(inner, of, "default")  # (a summarizer's, recorded as such)
+    recorder = summarized(store, "retry ceiling 7 for the deploy job", cfg=CONFIG, runbook=outer)
     assert store.evict("cfg") and store.evict("runbook")
     guard = recorder if cached else Guard(store=store)
     region = guard.provenance([outer])
@@ -265,12 +266,7 @@ def test_a_source_quoting_a_dead_source_keeps_the_summary_inside_it(cached: bool
     source's text in it is the new source's own (it holds it, live), whichever guard recorded
     it: the record rests on the new source, not the dead one, and so is decided the same."""
     store = MemoryStore(max_tombstones=0)
-    recorder = Guard(store=store)
-    recorder.record_source("the live base of the summary", "tool_output", source_id="base")
-    recorder.record_source(CONFIG, "config_read", source_id="cfg")
-    inner = "retry ceiling 7 for the deploy job"
-    of = recorder.provenance(["the live base of the summary"])
-    recorder.ledger.record_summary(inner, of, "default")
+    recorder = summarized(store, "retry ceiling 7 for the deploy job", cfg=CONFIG)
     assert store.evict("cfg")
     guard = recorder if cached else Guard(store=store)
     quoting = "the agent pasted the config back: " + CONFIG
@@ -292,13 +288,9 @@ def test_a_dead_source_that_is_a_summary_with_whitespace_around_it_is_that_summa
     the summary (whitespace around a known text) and allowed. Both read it as the summary now.
     Found by a deep run of the stateful property test."""
     store = MemoryStore()
-    recorder = Guard(store=store)
-    recorder.record_source("the live base of the summary", "tool_output", source_id="base")
     summary = "retry ceiling 7 for the deploy job, as summarized"
     message = f"\n{summary} \t"
-    recorder.record_source(message, "tool_output", source_id="padded")
-    of = recorder.provenance(["the live base of the summary"])
-    recorder.ledger.record_summary(summary, of, "w")
+    recorder = summarized(store, summary, padded=message)
     assert store.evict("padded")
     guard = recorder if cached else Guard(store=store)
     region = guard.provenance([message])
@@ -312,11 +304,8 @@ def test_a_record_made_between_a_decision_and_its_summary_changes_nothing_it_res
     caller before the decision's summary is: the summary still rests on the quoted source (the
     record, which leaves quoted sources out, never stands in for the decision's provenance)."""
     store = MemoryStore()
-    guard = Guard(store=store)
-    guard.record_source("the live base of the summary", "tool_output", source_id="base")
-    guard.record_source(CONFIG, "config_read", source_id="cfg")
     summary = "retry ceiling 7 for the deploy job, as summarized"
-    guard.ledger.record_summary(summary, guard.provenance(["the live base of the summary"]), "w")
+    guard = summarized(store, summary, cfg=CONFIG)
     turn = f"the agent pasted the config back:\n{CONFIG}\nand said: {summary}"
     decided = guard.ledger.resolve([turn], "w").region
     assert {"cfg", "base"} <= decided.sources
@@ -340,11 +329,7 @@ def test_a_quoting_record_asks_no_liveness() -> None:
             return super().live(ids)
 
     store = Failing(max_tombstones=0)
-    guard = Guard(store=store)
-    guard.record_source("the live base of the summary", "tool_output", source_id="base")
-    guard.record_source(CONFIG, "config_read", source_id="cfg")
-    of = guard.provenance(["the live base of the summary"])
-    guard.ledger.record_summary("retry ceiling 7 for the deploy job", of, "default")
+    guard = summarized(store, "retry ceiling 7 for the deploy job", cfg=CONFIG)
     assert store.evict("cfg")
     store.down = True
     guard.record_source("pasted back: " + CONFIG, "ai_turn", source_id="turn")
@@ -361,11 +346,8 @@ def test_a_live_source_quoted_beside_a_summary_is_the_new_sources_own(evicted: s
     recorded or after, re-summarizing the turn is decided the same: allowed (it used to rest
     on the source when it was live at record, and was refused once it was evicted)."""
     store = MemoryStore()
-    guard = Guard(store=store)
-    guard.record_source("the live base of the summary", "tool_output", source_id="base")
-    guard.record_source(CONFIG, "config_read", source_id="cfg")
     summary = "retry ceiling 7 for the deploy job, from the runbook"
-    guard.ledger.record_summary(summary, guard.provenance(["the live base of the summary"]), "w")
+    guard = summarized(store, summary, cfg=CONFIG)
     turn = f"the agent pasted the config back:\n{CONFIG}\nand said: {summary}"
     if evicted == "before":
         assert store.evict("cfg")
