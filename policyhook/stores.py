@@ -219,7 +219,8 @@ class MemoryStore:
                     self._unanchor(entry.anchor, d)
 
     def _heir(self, text_digest: str, forgotten: str) -> str | None:
-        """An id other than `forgotten` that names the text of `text_digest` and is held."""
+        """An id other than `forgotten` that names the text of `text_digest` and is held;
+        `forgotten` is dropped from the ids sharing it (and the record with one id left)."""
         ids = self._shared.get(text_digest)
         if ids is None:
             return None
