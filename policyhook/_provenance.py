@@ -1289,10 +1289,11 @@ class Ledger:
                 parts.append((item.id, item.depth, item.sources, item.source_kinds, item.chars))
                 continue
             entry = known.get(key) or self._entries.get(key)
-            if entry is None and at in bare:
-                entry = known.get(bare[at]) or self._entries.get(bare[at])
-                if entry is not None:
-                    key = bare[at]
+            around = None  # the entry of its stripped form (whitespace around it)
+            if at in bare:
+                around = known.get(bare[at]) or self._entries.get(bare[at])
+                if entry is None and around is not None:
+                    entry, key = around, bare[at]
             whole = None  # a dead source given whole: split, as where it is not found
             if entry is not None and entry.depth == 0:
                 if recording:  # (its stripped form a known source's text: its own, too)
@@ -1301,8 +1302,11 @@ class Ledger:
                     inside.append(entry.id)  # (given whole: when dead, it hides nothing)
                 elif at >= declared:  # a Region's text that is a dead source: unknown
                     entry, key = None, digests[at]  # text, searched inside as such
-                elif (around := self._bare_entry(bare.get(at), known, dead_inside)) is not None:
-                    # Whitespace around a known text: that text, as where the source is not
+                elif (
+                    around is not None
+                    and around is not entry
+                    and (around.depth > 0 or around.id not in dead_inside)
+                ):  # Whitespace around a known text: that text, as where the source is not
                     # found (its own text, split, would cover the text inside it)
                     entry, key = around, around.digest
                     if entry.depth == 0:
@@ -1423,18 +1427,6 @@ class Ledger:
                 "embedded": frozenset(inside) if inside else _NOTHING,
             },
         )
-
-    def _bare_entry(
-        self, bare: str | None, known: Mapping[str, Entry], dead: AbstractSet[str]
-    ) -> Entry | None:
-        """The entry of a message's stripped form (`bare`: its digest), unless it is unknown or
-        a source of `dead` too."""
-        if bare is None:
-            return None
-        entry = known.get(bare) or self._entries.get(bare)
-        if entry is None or (entry.depth == 0 and entry.id in dead):
-            return None
-        return entry
 
     def _split(
         self,
