@@ -1,10 +1,10 @@
 """Property: whatever the caches forget, a summary whose sources are gone is never re-summarized.
 
 A hypothesis state machine records sources, runs granted summaries (whose outputs quote, repeat
-or contain known texts, short and long, with the whitespace an LLM adds), evicts sources, starts
-new guards on the same store (a restart, a second process) and decides, on guards with tiny cache
-bounds (`max_texts`, `max_windows`) over bounded MemoryStores (`max_sources`, `max_tombstones`)
-and SQLite files. A from-scratch oracle says what each text rests on, by the rules of
+or contain known texts, short and long, with the whitespace an LLM adds), evicts sources or lets
+them expire (a store `ttl`, on the machine's clock), starts new guards on the same store (a
+restart, a second process) and decides, on guards with tiny cache bounds (`max_texts`,
+`max_windows`) over bounded MemoryStores (`max_sources`, `max_tombstones`) and SQLite files. A from-scratch oracle says what each text rests on, by the rules of
 docs/inputs.md and docs/provenance.md (whole units, stripped; known texts of 16 bytes or more
 inside longer ones, leftmost and longest first; quoting texts keep what they quote), with the
 store's `get_source` as the truth of liveness. At every decision: what the oracle says rests on a
@@ -20,6 +20,8 @@ import itertools
 import string
 import tempfile
 import threading
+import time
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +41,8 @@ from policyhook.testing import capture_decisions
 EMBEDDED = 16
 WORDS = ["retry", "ceiling", "deploy", "window", "billing", "backoff", "jitter", "ok", "the"]
 SPACES = ["", " ", "\n", "  \n", "\t", "\r\n"]
+#: Seconds a source is held for, in the machines whose store expires sources.
+TTL = 8.0
 
 
 def encode(text: str) -> bytes:
@@ -254,6 +258,11 @@ class Provenance(RuleBasedStateMachine):
         self.path: Path | None = None
         self.stores: list[Store] = []
         self.tmp = tempfile.TemporaryDirectory()
+        self.now = 1_000_000.0
+        clock = types.SimpleNamespace(
+            time=lambda: self.now, monotonic=lambda: self.now, sleep=time.sleep
+        )
+        self.clock = mock.patch("policyhook.stores.time", clock)
 
     # -- set-up ---------------------------------------------------------------------------------
 
@@ -264,6 +273,7 @@ class Provenance(RuleBasedStateMachine):
         max_sources=st.integers(2, 8),
         max_tombstones=st.integers(0, 3),
         archive=st.booleans(),
+        ttl=st.sampled_from([None, TTL]),
         key=st.binary(min_size=32, max_size=32),
     )
     def setup(
@@ -274,10 +284,15 @@ class Provenance(RuleBasedStateMachine):
         max_sources: int,
         max_tombstones: int,
         archive: bool,
+        ttl: float | None,
         key: bytes,
     ) -> None:
         self.kind = kind
         self.max_texts, self.max_windows, self.archive = max_texts, max_windows, archive
+        # The stores' clock is the machine's (`expire`): sources put with a `ttl` expire when
+        # a rule says, and every decision of a step sees the same time.
+        self.ttl = ttl
+        self.clock.start()
         # The store's secret key drawn, not random: every digest, id and order made from it is
         # then part of the example, so a failure replays and shrinks (with a key new on every
         # run, the same steps may take another path: at 4x its steps the machine once reported
@@ -285,11 +300,11 @@ class Provenance(RuleBasedStateMachine):
         with mock.patch("os.urandom", lambda size: key[:size]):
             if kind == "sqlite":
                 self.path = Path(self.tmp.name) / "store.sqlite"
-                store: Store = SQLiteStore(self.path)
+                store: Store = SQLiteStore(self.path, ttl=ttl)
             elif kind == "bounded":
-                store = MemoryStore(max_sources=max_sources, max_tombstones=max_tombstones)
+                store = MemoryStore(max_sources=max_sources, max_tombstones=max_tombstones, ttl=ttl)
             else:
-                store = MemoryStore()
+                store = MemoryStore(ttl=ttl)
         self.stores = [store]
         self.guards = [self.new(store)]
 
@@ -308,6 +323,8 @@ class Provenance(RuleBasedStateMachine):
             if isinstance(store, SQLiteStore):
                 store.close()
         self.tmp.cleanup()
+        if self.stores:  # (set up: the clock was started)
+            self.clock.stop()
 
     # -- what inputs and outputs are made of ----------------------------------------------------
 
@@ -490,6 +507,13 @@ class Provenance(RuleBasedStateMachine):
     def evict(self, data: st.DataObject) -> None:
         self.stores[0].evict(data.draw(st.sampled_from(self.source_ids)))
 
+    @precondition(lambda self: self.ttl is not None)
+    @rule(seconds=st.sampled_from([TTL / 4, TTL / 2, TTL]))
+    def expire(self, seconds: float) -> None:
+        """Time passes: the sources put `ttl` ago or more expire (each put or archive restarts
+        its id's time), in every store handle and guard at once."""
+        self.now += seconds
+
     @rule(data=st.data())
     def check(self, data: st.DataObject) -> None:
         self.decide(self.guard(data), self.units(data), data.draw(st.sampled_from(["w1", "w2"])))
@@ -526,7 +550,7 @@ class Provenance(RuleBasedStateMachine):
     def new_guard(self, replace: bool) -> None:
         """A restart (the guard replaced) or a second process (another guard on the store)."""
         if self.path is not None:
-            store: Store = SQLiteStore(self.path)
+            store: Store = SQLiteStore(self.path, ttl=self.ttl)
             self.stores.append(store)
         else:
             store = self.stores[0]
