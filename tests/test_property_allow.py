@@ -4,7 +4,8 @@ A hypothesis state machine records sources, runs granted summaries (whose output
 or contain known texts, short and long, with the whitespace an LLM adds), evicts sources or lets
 them expire (a store `ttl`, on the machine's clock), starts new guards on the same store (a
 restart, a second process) and decides, on guards with tiny cache bounds (`max_texts`,
-`max_windows`) over bounded MemoryStores (`max_sources`, `max_tombstones`) and SQLite files. A from-scratch oracle says what each text rests on, by the rules of
+`max_windows`) over bounded MemoryStores (`max_sources`, `max_tombstones`) and SQLite files,
+and, in two machines of their own, PostgreSQL and Redis (real servers). A from-scratch oracle says what each text rests on, by the rules of
 docs/inputs.md and docs/provenance.md (whole units, stripped; known texts of 16 bytes or more
 inside longer ones, leftmost and longest first; quoting texts keep what they quote), with the
 store's `get_source` as the truth of liveness. At every decision: what the oracle says rests on a
@@ -25,13 +26,21 @@ import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 from unittest import mock
 
 import deep
 import pytest
 from hypothesis import HealthCheck
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 import policyhook
 from policyhook import Guard, MemoryStore, Region, SQLiteStore, Store, UnsafeRecompactionError
@@ -43,6 +52,8 @@ WORDS = ["retry", "ceiling", "deploy", "window", "billing", "backoff", "jitter",
 SPACES = ["", " ", "\n", "  \n", "\t", "\r\n"]
 #: Seconds a source is held for, in the machines whose store expires sources.
 TTL = 8.0
+#: Names of the server stores' schemas and key namespaces: one per example.
+_NAMESPACES = itertools.count()
 
 
 def encode(text: str) -> bytes:
@@ -255,7 +266,7 @@ class Provenance(RuleBasedStateMachine):
         #: least one deeper than what the oracle found its input to be.
         self.window_depths: dict[str, int] = {}
         self.guards: list[Guard] = []
-        self.path: Path | None = None
+        self.reopen: Callable[[], Store] | None = None  # another handle on the store
         self.stores: list[Store] = []
         self.tmp = tempfile.TemporaryDirectory()
         self.now = 1_000_000.0
@@ -266,8 +277,13 @@ class Provenance(RuleBasedStateMachine):
 
     # -- set-up ---------------------------------------------------------------------------------
 
+    #: The stores a run draws from; those in `urls` are servers (`ProvenanceOnPostgres`, ...).
+    KINDS: ClassVar[tuple[str, ...]] = ("memory", "bounded", "sqlite")
+    #: A server's URL (set by the test that starts it).
+    url: ClassVar[str] = ""
+
     @initialize(
-        kind=st.sampled_from(["memory", "bounded", "sqlite"]),
+        data=st.data(),
         max_texts=st.sampled_from([1, 2, 3, 8, 65_536]),
         max_windows=st.sampled_from([1, 2]),
         max_sources=st.integers(2, 8),
@@ -278,7 +294,7 @@ class Provenance(RuleBasedStateMachine):
     )
     def setup(
         self,
-        kind: str,
+        data: st.DataObject,
         max_texts: int,
         max_windows: int,
         max_sources: int,
@@ -287,24 +303,40 @@ class Provenance(RuleBasedStateMachine):
         ttl: float | None,
         key: bytes,
     ) -> None:
+        kind = data.draw(st.sampled_from(self.KINDS))
         self.kind = kind
         self.max_texts, self.max_windows, self.archive = max_texts, max_windows, archive
         # The stores' clock is the machine's (`expire`): sources put with a `ttl` expire when
-        # a rule says, and every decision of a step sees the same time.
-        self.ttl = ttl
+        # a rule says, and every decision of a step sees the same time. A server expires them
+        # on its own clock: no `ttl` there.
+        self.ttl = ttl = None if kind in ("postgres", "redis") else ttl
         self.clock.start()
+        path = Path(self.tmp.name) / "store.sqlite"
+        namespace = f"provenance{next(_NAMESPACES)}"
+
+        def opened() -> Store:
+            """The store, or another handle on it (another process's)."""
+            if kind == "sqlite":
+                return SQLiteStore(path, ttl=ttl)
+            if kind == "postgres":
+                from policyhook._postgres import PostgresStore
+
+                return PostgresStore(self.url, schema=namespace)
+            if kind == "redis":
+                from policyhook._redis import RedisStore
+
+                return RedisStore(self.url, namespace=namespace)
+            if kind == "bounded":
+                return MemoryStore(max_sources=max_sources, max_tombstones=max_tombstones, ttl=ttl)
+            return MemoryStore(ttl=ttl)
+
         # The store's secret key drawn, not random: every digest, id and order made from it is
         # then part of the example, so a failure replays and shrinks (with a key new on every
         # run, the same steps may take another path: at 4x its steps the machine once reported
         # Hypothesis's FlakyStrategyDefinition instead of a failure).
         with mock.patch("os.urandom", lambda size: key[:size]):
-            if kind == "sqlite":
-                self.path = Path(self.tmp.name) / "store.sqlite"
-                store: Store = SQLiteStore(self.path, ttl=ttl)
-            elif kind == "bounded":
-                store = MemoryStore(max_sources=max_sources, max_tombstones=max_tombstones, ttl=ttl)
-            else:
-                store = MemoryStore(ttl=ttl)
+            store = opened()
+        self.reopen = None if isinstance(store, MemoryStore) else opened
         self.stores = [store]
         self.guards = [self.new(store)]
 
@@ -320,8 +352,9 @@ class Provenance(RuleBasedStateMachine):
         for guard in self.guards:
             guard.close()
         for store in self.stores:
-            if isinstance(store, SQLiteStore):
-                store.close()
+            close = getattr(store, "close", None)  # (a MemoryStore holds nothing to close)
+            if close is not None:
+                close()
         self.tmp.cleanup()
         if self.stores:  # (set up: the clock was started)
             self.clock.stop()
@@ -549,8 +582,8 @@ class Provenance(RuleBasedStateMachine):
     @rule(replace=st.booleans())
     def new_guard(self, replace: bool) -> None:
         """A restart (the guard replaced) or a second process (another guard on the store)."""
-        if self.path is not None:
-            store: Store = SQLiteStore(self.path, ttl=self.ttl)
+        if self.reopen is not None:
+            store = self.reopen()
             self.stores.append(store)
         else:
             store = self.stores[0]
@@ -573,6 +606,31 @@ class Provenance(RuleBasedStateMachine):
 
 Provenance.TestCase.settings = deep.suite(45, 30, HealthCheck.filter_too_much)
 TestProvenance = Provenance.TestCase
+
+
+class ProvenanceOnPostgres(Provenance):
+    """The machine on PostgresStore (a real server, tests/servers.py): a schema of its own per
+    example, another connection for each new guard (another process's)."""
+
+    KINDS = ("postgres",)
+
+
+class ProvenanceOnRedis(Provenance):
+    """The machine on RedisStore: a key namespace of its own per example, another client for
+    each new guard."""
+
+    KINDS = ("redis",)
+
+
+@pytest.mark.parametrize("machine", [ProvenanceOnPostgres, ProvenanceOnRedis], ids=["pg", "redis"])
+def test_the_oracle_holds_on_a_server_store(
+    machine: type[Provenance], request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the server stores do their own way (one statement or script per view, anchors and
+    entries read back by another handle) decides as the oracle says."""
+    server = request.getfixturevalue(machine.KINDS[0])  # started here, stopped after
+    monkeypatch.setattr(machine, "url", server.url)
+    run_state_machine_as_test(machine, settings=deep.suite(20, 30, HealthCheck.filter_too_much))
 
 
 def test_the_oracle_finds_what_the_docs_say() -> None:
