@@ -709,6 +709,30 @@ def _takes_held(store: Store) -> bool:
     )
 
 
+def _is_blank(text: str, data: bytes, start: int, end: int, ascii: bool) -> bool:
+    """Whether bytes `start:end` of a message (`text`, encoded as `data`) are only whitespace
+    (or none): no content of their own. `ascii`: byte offsets are character offsets."""
+    if ascii:  # read in place
+        return _NONSPACE.search(text, start, end) is None
+    return not data[start:end].decode("utf-8", "surrogatepass").strip()
+
+
+def _only_known(
+    ops: list[_Op],
+    over: list[_Op],
+    held: list[tuple[int, int, int]],
+    text: str,
+    data: bytes,
+    ascii: bool,
+) -> None:
+    """A dead source found last in `ops` that holds only the known texts `held` (their places
+    in `over`, their spans) and whitespace: it is those texts, with its characters."""
+    ops.pop()
+    for at, start, end in held:
+        chars = end - start if ascii else len(data[start:end].decode("utf-8", "surrogatepass"))
+        over[at] = (_TEXT, over[at][1], chars, 0, _NO_PART)
+
+
 class Ledger:
     """Remembers sources and granted summaries, and tells what a call's input rests on.
 
@@ -1511,18 +1535,27 @@ class Ledger:
         inside one of those and end past it (their end would otherwise pass for original
         content: the region rests on them too, their characters counted once). The sources of
         `uncover` (dead: `Ledger._declared`) hide nothing: the known texts inside one are found
-        too, as where it is not known (leftmost first, longest, none of its characters)."""
+        too, as where it is not known (leftmost first, longest, none of its characters). One
+        holding nothing of its own, only known texts and whitespace, is those texts: where it
+        is not known, the whitespace is no content (`_gap`), so it must not be either."""
         ascii = len(data) == len(text)  # then byte offsets are character offsets
         ops: list[_Op] = []
         over: list[_Op] = []
         cursor = 0
         inside = within = 0  # the span of the last uncovering source found, and a cursor in it
+        # While all of that source read so far is known texts and whitespace: where its next
+        # byte of its own is, and the known texts found in it (their places in `over`, spans)
+        blank = -1
+        held: list[tuple[int, int, int]] = []
         for start, negative, digest_ in ordered:
             entry = known.get(digest_)
             if entry is None:  # confirmed by digest, so known: only a racing eviction
                 continue
             end = start - negative
             if start >= cursor:
+                if blank >= 0 and _is_blank(text, data, blank, cursor, ascii):
+                    _only_known(ops, over, held, text, data, ascii)
+                blank = -1
                 if start > cursor:
                     ops.extend(self._gap(text, data, key, cursor, start, ascii))
                 chars = (
@@ -1532,12 +1565,20 @@ class Ledger:
                 cursor = end
                 if uncover and entry.depth == 0 and entry.id in uncover:
                     inside, within = end, start
+                    blank, held = start, []
             elif end > cursor:  # starts inside the last one found, ends past it
                 over.append((_TEXT, digest_, 0, 0, _NO_PART))
             elif start < inside and start >= within:  # inside a dead source: found as well
                 over.append((_TEXT, digest_, 0, 0, _NO_PART))
                 if not (uncover and entry.depth == 0 and entry.id in uncover):
                     within = end  # (a dead source in it hides nothing either: searched on)
+                    if blank >= 0 and _is_blank(text, data, blank, start, ascii):
+                        held.append((len(over) - 1, start, end))
+                        blank = end
+                        continue
+                blank = -1  # content of its own (or a dead source's: not counted as known)
+        if blank >= 0 and _is_blank(text, data, blank, cursor, ascii):
+            _only_known(ops, over, held, text, data, ascii)
         if cursor < len(data):
             ops.extend(self._gap(text, data, key, cursor, len(data), ascii))
         return (*ops, *over)
@@ -1730,15 +1771,9 @@ class Ledger:
         source of its own; none if it is only whitespace. A whole message's id is its digest;
         a gap's comes from the message's digest and the gap's place, so the input is hashed
         once."""
-        if ascii:  # (byte offsets are character offsets): whitespace only, read in place
-            if _NONSPACE.search(text, start, end) is None:
-                return []
-            chars = end - start
-        else:
-            gap = data[start:end].decode("utf-8", "surrogatepass")
-            if gap.isspace():
-                return []
-            chars = len(gap)
+        if _is_blank(text, data, start, end, ascii):
+            return []
+        chars = end - start if ascii else len(data[start:end].decode("utf-8", "surrogatepass"))
         if start == 0 and end == len(data):
             place = key
         else:

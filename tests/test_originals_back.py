@@ -299,6 +299,30 @@ def test_a_dead_source_that_is_a_summary_with_whitespace_around_it_is_that_summa
     assert decision.allowed, decision.message
 
 
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "restarted"])
+@pytest.mark.parametrize("sep", [" ", "\n\t"], ids=["space", "newline"])
+def test_a_dead_source_of_a_summary_and_whitespace_inside_a_longer_unit_is_that_summary(
+    cached: bool, sep: str
+) -> None:
+    """The same inside a longer unit: a dead source whose text is a summary's and whitespace,
+    followed by a live source. A guard caching the dead source rested on its id as well as on
+    the summary inside it and refused; one that cannot find it read the summary, whitespace
+    (no content) and the live source, and allowed. It holds nothing of its own, so both read
+    it as the summary now, with the same characters. Found by a deep run of the stateful
+    property test (through the test's oracle, which counted that source's text as content)."""
+    store = MemoryStore()
+    summary = "retry ceiling 7 for the deploy job, as summarized"
+    padded = f"{sep}{summary}{sep}"
+    recorder = summarized(store, summary, padded=padded, turn=CONFIG)
+    assert store.evict("padded")
+    guard = recorder if cached else Guard(store=store)
+    unit = f"{padded}{CONFIG}"
+    region = guard.provenance([unit])
+    assert region.depth == 1 and region.sources == {"base", "turn"}
+    assert region.chars == len(summary) + len(CONFIG)  # (whitespace is no content)
+    assert guard.check([unit], summarizer="s", enforce=False).allowed
+
+
 def test_a_record_made_between_a_decision_and_its_summary_changes_nothing_it_rests_on() -> None:
     """A turn decided on (resting on the source it quotes), then recorded as a source by another
     caller before the decision's summary is: the summary still rests on the quoted source (the

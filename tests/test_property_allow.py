@@ -124,20 +124,31 @@ class Oracle:
         hits.sort(key=lambda h: (h[0], h[0] - h[1]))
         cursor = 0
         placed: list[tuple[str, int]] = []
+        # A dead source hides nothing it holds (docs/inputs.md): the known texts inside it are
+        # found, and its content is the rest of it, as a guard that cannot find it sees it:
+        # [start, end, spans of the texts found inside it that rest on something held].
+        dead: list[tuple[int, int, list[tuple[int, int]]]] = []
         inside = within = 0  # the span of the last dead source found, and a cursor in it
         for start, end, text in hits:
             if start >= cursor:
                 placed.append((data[cursor:start].decode("utf-8", "surrogatepass"), cursor))
-                own = self._add(text, into)
-                placed += [(gap, start) for gap in own]
-                cursor = end
-                if own == [text]:  # a dead source hides nothing it holds (docs/inputs.md)
+                if self._dead(text):
+                    dead.append((start, end, []))
                     inside, within = end, start
+                else:
+                    placed += [(gap, start) for gap in self._add(text, into)]
+                cursor = end
             elif end > cursor:  # overlapping the end of the last one found: rests on it too
                 placed += [(gap, start) for gap in self._add(text, into)]
             elif within <= start < inside:  # inside a dead source: found as if it were unknown
-                self._add(text, into)
+                if not self._add(text, into):
+                    dead[-1][2].append((start, end))
                 within = end
+        for start, end, found in dead:
+            for found_start, found_end in found:
+                placed.append((data[start:found_start].decode("utf-8", "surrogatepass"), start))
+                start = found_end
+            placed.append((data[start:end].decode("utf-8", "surrogatepass"), start))
         placed.append((data[cursor:].decode("utf-8", "surrogatepass"), cursor))
         kept = [gap for gap, _ in placed if gap.strip()]
         for gap, at in placed:
@@ -145,6 +156,11 @@ class Oracle:
                 self._place(gap, data, at)
         into.gaps.update(kept)
         return kept
+
+    def _dead(self, text: str) -> bool:
+        """Whether a known text is a source held under none of its ids."""
+        known = self.known[text]
+        return known.depth == 0 and not any(map(self.held, known.sources))
 
     def _unknown(self, text: str, wrapped: bool, recording: bool) -> bool:
         """Whether a known text counts as unknown text where it lies (see `unit`)."""
@@ -677,7 +693,8 @@ def test_a_dead_text_back_in_the_input_is_archived_whether_cached_or_not(
     store.evict("quoting")
     value = ["zqjx retry retry " + quoting]
     found = oracle.value(value)
-    assert found.gaps == {"zqjx retry retry ", quoting}  # the dead text is a gap, whole
+    # the dead text's content is a gap: what of it is not a known text found inside it
+    assert found.gaps == {"zqjx retry retry ", "zqhx retry retry "}
     assert guard(lambda v: archived, summarizer="p")(value) == archived  # originals: allowed
     held = [t for _, t in store.sources(10)]
     region = guard.provenance([archived])
@@ -692,6 +709,35 @@ def test_a_dead_text_back_in_the_input_is_archived_whether_cached_or_not(
         assert held == [archived, "zqjx retry retry ", quoting]
         assert "quoting" in region.sources
     assert all(oracle.covered(gap, held) for gap in found.gaps)
+
+
+@pytest.mark.parametrize("max_texts", [1, 65_536], ids=["small-cache", "cached"])
+def test_a_dead_source_of_a_summary_and_whitespace_is_no_content(max_texts: int) -> None:
+    """(The Provenance machine at 100x its budget.) An archived text that is a summary's text
+    and a space, evicted, comes back before a live source in one unit: the unit is the summary
+    (its sources live), whitespace and the live source: allowed. A guard that found the dead
+    text (cached, or by anchor with a small cache) rested on its id too and refused; the oracle
+    counted that text as content of the input's own and said refuse. Found by that run."""
+    store = MemoryStore()
+    guard = Guard(store=store, max_texts=max_texts, archive_originals=True)
+    oracle = Oracle(lambda source_id: store.get_source(source_id) is not None)
+    summary, turn = "zqax backoff billing the", "zqbx retry retry retry zqcx retry retry"
+    guard(lambda value: "zqdx", summarizer="p")([summary + " "])  # archived as it came
+    found = oracle.value([turn])
+    guard(lambda value: summary, summarizer="p")([turn])
+    oracle.record_summary(summary, found)
+    for source, text in store.sources(10):
+        oracle.archived(text, source.id)
+    (dead,) = [source.id for source, text in store.sources(10) if text == summary + " "]
+    assert store.evict(dead)
+    value = [f"{summary} {turn}"]
+    found = oracle.value(value)
+    held = [text for _, text in store.sources(10)]
+    assert found.depth == 1 and all(oracle.covered(gap, held) for gap in found.gaps), found
+    region = guard.provenance(value)
+    assert dead not in region.sources and store.live(region.sources) == region.sources
+    assert guard.check(value, summarizer="p").allowed
+    assert Guard(store=store).check(value, summarizer="p").allowed
 
 
 class TestThreads:
