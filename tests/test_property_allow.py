@@ -229,6 +229,10 @@ class Oracle:
         if earlier is not None and earlier.depth > 0:  # a summary's own text stays that summary
             earlier.sources.add(source_id)
             return
+        if earlier is not None and earlier.depth == 0:  # held under one more id: the store
+            self.shared |= earlier.sources | {source_id}  # finds it under any it still holds
+            earlier.sources.add(source_id)
+            return
         for whole in (text, text.strip()):  # a known source's text: evidence, whatever it holds
             if (known := self.known.get(whole)) is not None and known.depth == 0:
                 self.known[text] = Known(0, {source_id})
