@@ -5,11 +5,13 @@ or contain known texts, short and long, with the whitespace an LLM adds), evicts
 them expire (a store `ttl`, on the machine's clock), starts new guards on the same store (a
 restart, a second process) and decides, on guards with tiny cache bounds (`max_texts`,
 `max_windows`) over bounded MemoryStores (`max_sources`, `max_tombstones`) and SQLite files,
-and, in two machines of their own, PostgreSQL and Redis (real servers). A from-scratch oracle says what each text rests on, by the rules of
-docs/inputs.md and docs/provenance.md (whole units, stripped; known texts of 16 bytes or more
-inside longer ones, leftmost and longest first; quoting texts keep what they quote), with the
-store's `get_source` as the truth of liveness. At every decision: what the oracle says rests on a
-dead source at depth > 0 is refused, and the guard's depth is never below the oracle's.
+and, in two machines of their own, PostgreSQL and Redis (real servers). A from-scratch oracle
+says what each text rests on, by the rules of docs/inputs.md and docs/provenance.md (whole
+units, stripped; known texts of 16 bytes or more inside longer ones, leftmost and longest first;
+quoting texts keep what they quote; a dead source's content is what of it is not a known text
+found inside it), with the store's `get_source` as the truth of liveness. At every decision:
+what the oracle says rests on a dead source at depth > 0 is refused, and the guard's depth is
+never below the oracle's.
 
 Texts hold no digits, so the default policy's output check (grounded numbers) has nothing to
 refuse. Fixed budgets, derandomized: CI stays bounded.
@@ -297,7 +299,8 @@ class Provenance(RuleBasedStateMachine):
 
     # -- set-up ---------------------------------------------------------------------------------
 
-    #: The stores a run draws from; those in `urls` are servers (`ProvenanceOnPostgres`, ...).
+    #: The stores a run draws from ("postgres" and "redis", servers at `url`, in the machines
+    #: of their own: `ProvenanceOnPostgres`, `ProvenanceOnRedis`).
     KINDS: ClassVar[tuple[str, ...]] = ("memory", "bounded", "sqlite")
     #: A server's URL (set by the test that starts it).
     url: ClassVar[str] = ""
@@ -669,6 +672,18 @@ def test_the_oracle_finds_what_the_docs_say() -> None:
     twice.record_source("one text registered, then archived again", "first")
     twice.archived("one text registered, then archived again", "second")
     assert twice.text_held("first") and not Oracle(held=lambda _: False).text_held("first")
+    # Registered again under a new id, the newer one gone: still held under the first.
+    again = Oracle(held=lambda source_id: source_id != "second")
+    for source_id in ("first", "second"):
+        again.record_source("one text registered twice, by two callers", source_id)
+    found = again.value(["one text registered twice, by two callers"])
+    assert (found.sources, found.gaps) == ({"first"}, set())
+    # A dead source's content is what of it is not a known text found inside it.
+    dead = Oracle(held=lambda source_id: source_id != "s2")
+    dead.record_source("a source text long enough here", "s1")
+    dead.record_source("x a source text long enough here y", "s2")
+    found = dead.value(["x a source text long enough here y z"])
+    assert (found.sources, found.gaps) == ({"s1"}, {"x ", " y", " z"})
 
 
 @pytest.mark.parametrize("recorded_elsewhere", [True, False])
