@@ -1324,17 +1324,18 @@ class Ledger:
                     entry, key = None, digests[at]
                 elif entry.id not in dead_inside:
                     inside.append(entry.id)  # (given whole: when dead, it hides nothing)
-                elif at >= declared:  # a Region's text that is a dead source: unknown
-                    entry, key = None, digests[at]  # text, searched inside as such
                 elif (
                     around is not None
                     and around is not entry
                     and (around.depth > 0 or around.id not in dead_inside)
                 ):  # Whitespace around a known text: that text, as where the source is not
-                    # found (its own text, split, would cover the text inside it)
+                    # found (its own text, split, would cover the text inside it; in a
+                    # Region's text, searched, would miss a short one)
                     entry, key = around, around.digest
                     if entry.depth == 0:
                         inside.append(entry.id)
+                elif at >= declared:  # a Region's text that is a dead source: unknown
+                    entry, key = None, digests[at]  # text, searched inside as such
                 else:
                     whole, entry, key = entry, None, digests[at]
             if entry is not None:

@@ -323,6 +323,32 @@ def test_a_dead_source_of_a_summary_and_whitespace_inside_a_longer_unit_is_that_
     assert guard.check([unit], summarizer="s", enforce=False).allowed
 
 
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "restarted"])
+def test_a_regions_text_that_is_a_dead_source_of_a_short_summary_and_whitespace_is_that_summary(
+    cached: bool,
+) -> None:
+    """A Region's text that is a dead source's whole text, that text a short summary's (under
+    16 bytes: recognised only whole) with whitespace around it: the Region's text was searched
+    as unknown text, where a short summary is never found, so it read as original (depth 0)
+    and was allowed though the summary's sources are gone: a wrong allow. It is that summary
+    now, as the same text given as a plain message is. Found by a deep run of the stateful
+    property test (`POLICYHOOK_DEEP=30`)."""
+    store = MemoryStore()
+    guard = Guard(store=store, archive_originals=True)
+    summary = "Retries: capped"
+    padded = f" {summary}\n"
+    guard(lambda value: "an earlier summary", summarizer="s")([padded])  # archived as it came
+    guard(lambda value: summary, summarizer="s")([CONFIG])  # resting on CONFIG, archived
+    assert sorted(text for _, text in store.sources(10)) == sorted([padded, CONFIG])
+    for source, _ in store.sources(10):
+        assert store.evict(source.id)
+    reader = guard if cached else Guard(store=store)
+    for value in ([Region.original(padded)], [padded]):
+        assert reader.provenance(value).depth == 1
+        decision = reader.check(value, summarizer="s", enforce=False)
+        assert decision.effect == "deny" and decision.dead_sources, value
+
+
 def test_a_record_made_between_a_decision_and_its_summary_changes_nothing_it_rests_on() -> None:
     """A turn decided on (resting on the source it quotes), then recorded as a source by another
     caller before the decision's summary is: the summary still rests on the quoted source (the
