@@ -1772,9 +1772,15 @@ class Ledger:
         source of its own; none if it is only whitespace. A whole message's id is its digest;
         a gap's comes from the message's digest and the gap's place, so the input is hashed
         once."""
-        if _is_blank(text, data, start, end, ascii):
-            return []
-        chars = end - start if ascii else len(data[start:end].decode("utf-8", "surrogatepass"))
+        if ascii:  # (byte offsets are character offsets): whitespace only, read in place
+            if _NONSPACE.search(text, start, end) is None:
+                return []
+            chars = end - start
+        else:  # decoded once: checked and counted
+            gap = data[start:end].decode("utf-8", "surrogatepass")
+            if gap.isspace():
+                return []
+            chars = len(gap)
         if start == 0 and end == len(data):
             place = key
         else:
