@@ -7,6 +7,7 @@ embedded, and everything else counts as original content that no store holds yet
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import inspect
 import itertools
@@ -717,20 +718,46 @@ def _is_blank(text: str, data: bytes, start: int, end: int, ascii: bool) -> bool
     return not data[start:end].decode("utf-8", "surrogatepass").strip()
 
 
-def _only_known(
-    ops: list[_Op],
-    over: list[_Op],
-    held: list[tuple[int, int, int]],
+def _holding_nothing(
+    ordered: tuple[tuple[int, int, str], ...],
+    known: Mapping[str, Entry],
+    uncover: AbstractSet[str],
     text: str,
     data: bytes,
-    ascii: bool,
-) -> None:
-    """A dead source found last in `ops` that holds only the known texts `held` (their places
-    in `over`, their spans) and whitespace: it is those texts, with its characters."""
-    ops.pop()
-    for at, start, end in held:
-        chars = end - start if ascii else len(data[start:end].decode("utf-8", "surrogatepass"))
-        over[at] = (_TEXT, over[at][1], chars, 0, _NO_PART)
+) -> tuple[tuple[int, int, str], ...]:
+    """`ordered` (`Ledger._found`) less the dead sources of `uncover` that hold nothing of their
+    own: every byte of theirs that is not whitespace lies inside a known text found in the
+    message that is not one of them (so one nested in another, or a text running past its end,
+    counts as what it is made of). Where such a source is not found, the message splits into
+    those texts and whitespace, which is no content (`Ledger._gap`); split without it, it
+    splits the same where it is found."""
+    dead: list[int] = []
+    covered: list[list[int]] = []  # the spans of the other known texts, merged, in order
+    for at, (start, negative, text_digest) in enumerate(ordered):
+        entry = known.get(text_digest)
+        if entry is None:  # confirmed by digest, so known: only a racing eviction
+            continue
+        if entry.depth == 0 and entry.id in uncover:
+            dead.append(at)
+        elif covered and start <= covered[-1][1]:
+            covered[-1][1] = max(covered[-1][1], start - negative)
+        else:
+            covered.append([start, start - negative])
+    if not dead:
+        return ordered
+    ascii = len(data) == len(text)  # then byte offsets are character offsets
+    ends = [end for _, end in covered]
+    empty: set[int] = set()
+    for at in dead:
+        start, negative, _ = ordered[at]
+        end, cursor = start - negative, start
+        for span_start, span_end in covered[bisect.bisect_right(ends, start) :]:
+            if span_start >= end or not _is_blank(text, data, cursor, span_start, ascii):
+                break
+            cursor = max(cursor, span_end)
+        if cursor >= end or _is_blank(text, data, cursor, end, ascii):
+            empty.add(at)
+    return tuple(hit for at, hit in enumerate(ordered) if at not in empty)
 
 
 class Ledger:
@@ -1537,26 +1564,20 @@ class Ledger:
         content: the region rests on them too, their characters counted once). The sources of
         `uncover` (dead: `Ledger._declared`) hide nothing: the known texts inside one are found
         too, as where it is not known (leftmost first, longest, none of its characters). One
-        holding nothing of its own, only known texts and whitespace, is those texts: where it
-        is not known, the whitespace is no content (`_gap`), so it must not be either."""
+        holding nothing of its own is not found at all (`_holding_nothing`)."""
+        if uncover:
+            ordered = _holding_nothing(ordered, known, uncover, text, data)
         ascii = len(data) == len(text)  # then byte offsets are character offsets
         ops: list[_Op] = []
         over: list[_Op] = []
         cursor = 0
         inside = within = 0  # the span of the last uncovering source found, and a cursor in it
-        # While all of that source read so far is known texts and whitespace: where its next
-        # byte of its own is, and the known texts found in it (their places in `over`, spans)
-        blank = -1
-        held: list[tuple[int, int, int]] = []
         for start, negative, digest_ in ordered:
             entry = known.get(digest_)
             if entry is None:  # confirmed by digest, so known: only a racing eviction
                 continue
             end = start - negative
             if start >= cursor:
-                if blank >= 0 and _is_blank(text, data, blank, cursor, ascii):
-                    _only_known(ops, over, held, text, data, ascii)
-                blank = -1
                 if start > cursor:
                     ops.extend(self._gap(text, data, key, cursor, start, ascii))
                 chars = (
@@ -1566,20 +1587,12 @@ class Ledger:
                 cursor = end
                 if uncover and entry.depth == 0 and entry.id in uncover:
                     inside, within = end, start
-                    blank, held = start, []
             elif end > cursor:  # starts inside the last one found, ends past it
                 over.append((_TEXT, digest_, 0, 0, _NO_PART))
             elif start < inside and start >= within:  # inside a dead source: found as well
                 over.append((_TEXT, digest_, 0, 0, _NO_PART))
                 if not (uncover and entry.depth == 0 and entry.id in uncover):
                     within = end  # (a dead source in it hides nothing either: searched on)
-                    if blank >= 0 and _is_blank(text, data, blank, start, ascii):
-                        held.append((len(over) - 1, start, end))
-                        blank = end
-                        continue
-                blank = -1  # content of its own (or a dead source's: not counted as known)
-        if blank >= 0 and _is_blank(text, data, blank, cursor, ascii):
-            _only_known(ops, over, held, text, data, ascii)
         if cursor < len(data):
             ops.extend(self._gap(text, data, key, cursor, len(data), ascii))
         return (*ops, *over)

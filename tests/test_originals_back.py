@@ -323,6 +323,61 @@ def test_a_dead_source_of_a_summary_and_whitespace_inside_a_longer_unit_is_that_
     assert guard.check([unit], summarizer="s", enforce=False).allowed
 
 
+SUMMARY = "retry ceiling 7 for the deploy job, as summarized"
+#: Dead sources holding nothing of their own, each beside another known text: (the sources,
+#: evicted, then the live turn CONFIG; the unit). Nested: one inside the other; running on:
+#: its last bytes the first of the turn, which runs past its end; two: one holding the
+#: summary, the other the summary and the turn.
+HOLDING_NOTHING = {
+    "nested": ({"inner": f" {SUMMARY}\n", "outer": f"\n {SUMMARY}\n "}, f"\n {SUMMARY}\n {CONFIG}"),
+    "running-on": ({"dead": f" {SUMMARY} {CONFIG[:30]}"}, f" {SUMMARY} {CONFIG}"),
+    "two": ({"padded": f" {SUMMARY}\n", "joined": f"{SUMMARY}\n{CONFIG}"}, f" {SUMMARY}\n{CONFIG}"),
+}
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "restarted"])
+@pytest.mark.parametrize("shape", sorted(HOLDING_NOTHING))
+def test_dead_sources_holding_only_known_texts_and_whitespace_are_those_texts(
+    shape: str, cached: bool
+) -> None:
+    """The same, wherever the texts lie: a dead source nested in another, one whose last bytes
+    start a known text that runs past its end, and one covered by a summary and the turn
+    beside another dead one. A guard caching them found them and refused on their ids (and,
+    running on, on the turn's tail as unrecognised content); one that cannot find them read
+    the summary, whitespace and the turn, and allowed. Every byte of theirs that is not
+    whitespace lies in a known text, so both read them as those texts now."""
+    sources, unit = HOLDING_NOTHING[shape]
+    store = MemoryStore()
+    recorder = summarized(store, SUMMARY, **sources, turn=CONFIG)
+    for source_id in sources:
+        assert store.evict(source_id)
+    guard = recorder if cached else Guard(store=store)
+    region = guard.provenance([unit])
+    assert region.depth == 1 and region.sources == {"base", "turn"}
+    assert region.chars == len(SUMMARY) + len(CONFIG)
+    assert guard.check([unit], summarizer="s", enforce=False).allowed
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "restarted"])
+@pytest.mark.parametrize("inside", [True, False], ids=["in-the-inner", "in-the-outer"])
+def test_nested_dead_sources_with_content_of_their_own_are_refused(
+    inside: bool, cached: bool
+) -> None:
+    """Nested dead sources, one of them holding a word of its own: that word is content no
+    store holds, so the input is refused wherever the sources are found or not."""
+    inner = f" {SUMMARY}\nx" if inside else f" {SUMMARY}\n"
+    outer = f"\n{inner} " if inside else f"x\n{inner} "
+    store = MemoryStore()
+    recorder = summarized(store, SUMMARY, inner=inner, outer=outer, turn=CONFIG)
+    assert store.evict("inner") and store.evict("outer")
+    guard = recorder if cached else Guard(store=store)
+    unit = f"{outer}{CONFIG}"
+    region = guard.provenance([unit])
+    assert region.depth == 1 and {"base", "turn"} < region.sources
+    decision = guard.check([unit], summarizer="s", enforce=False)
+    assert decision.effect == "deny" and decision.dead_sources
+
+
 @pytest.mark.parametrize("cached", [True, False], ids=["cached", "restarted"])
 def test_a_regions_text_that_is_a_dead_source_of_a_short_summary_and_whitespace_is_that_summary(
     cached: bool,
