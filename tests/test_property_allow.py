@@ -801,7 +801,8 @@ CUT_PIECES = [*CUT_SUMMARIES, CUT_SOURCE, " ", "\n", "  \n\t", "zqdx own words"]
 @deep.suite(120)
 def test_dead_sources_cut_anywhere_decide_nothing(data: st.DataObject) -> None:
     """Sources cut anywhere from a message of known texts, whitespace and words of its own,
-    recorded before or after the summaries, then evicted: whether a guard finds them (the one
+    recorded before or after the summaries, then evicted (from a MemoryStore, one forgetting
+    their tombstones, a SQLite file): whether a guard finds them (the one
     that recorded them, caching them; one with a one-text cache, by anchor; a new one, never)
     decides nothing. One holding only known texts and whitespace is those texts, so with no
     words of its own the message rests on live sources only: allowed. (Recorded after the
@@ -821,7 +822,23 @@ def test_dead_sources_cut_anywhere_decide_nothing(data: st.DataObject) -> None:
     # another case, docs/stores.md)
     texts = [t for t in dict.fromkeys(texts) if t not in (*CUT_SUMMARIES, CUT_SOURCE)]
     before = data.draw(st.booleans())
-    store = MemoryStore()
+    kind = data.draw(st.sampled_from(["memory", "forgetting", "sqlite"]))
+    with tempfile.TemporaryDirectory() as tmp:
+        store: Store = (
+            MemoryStore()
+            if kind == "memory"
+            else MemoryStore(max_tombstones=1)  # a dead source's entry forgotten, but the last
+            if kind == "forgetting"
+            else SQLiteStore(Path(tmp) / "cut.sqlite")
+        )
+        _cut_and_decide(store, message, pieces, texts, before)
+        if isinstance(store, SQLiteStore):
+            store.close()
+
+
+def _cut_and_decide(
+    store: Store, message: str, pieces: list[str], texts: list[str], before: bool
+) -> None:
     guard = Guard(store=store)
     if before:
         for i, text in enumerate(texts):
@@ -836,11 +853,13 @@ def test_dead_sources_cut_anywhere_decide_nothing(data: st.DataObject) -> None:
             guard.record_source(text, "tool_output", source_id=f"cut-{i}")
     for i in range(len(texts)):
         store.evict(f"cut-{i}")
+    readers = [guard, Guard(store=store, max_texts=1), Guard(store=store)]
     decisions = [
-        reader.check([message], summarizer="p", enforce=False).effect
-        for reader in (guard, Guard(store=store, max_texts=1), Guard(store=store))
+        reader.check([message], summarizer="p", enforce=False).effect for reader in readers
     ]
-    assert len(set(decisions)) == 1, (pieces, texts, before, decisions)
+    for reader in readers:
+        reader.close()
+    assert len(set(decisions)) == 1, (pieces, texts, before, store, decisions)
     if before and "zqdx own words" not in pieces:
         assert decisions[0] == "allow", (pieces, texts)
 
