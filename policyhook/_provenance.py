@@ -1560,8 +1560,8 @@ class Ledger:
     ) -> tuple[_Op, ...]:
         """How a message splits: its known texts (non-overlapping, leftmost first, longest on a
         tie: `ordered`), the unrecognised gaps between them, and the known texts that start
-        inside one of those and end past it (their end would otherwise pass for original
-        content: the region rests on them too, their characters counted once). The sources of
+        inside one of those and end past it (the region rests on them too, and their end is
+        theirs, not unrecognised content: its characters counted with them). The sources of
         `uncover` (dead: `Ledger._declared`) hide nothing: the known texts inside one are found
         too, as where it is not known (leftmost first, longest, none of its characters). One
         holding nothing of its own is not found at all (`_holding_nothing`)."""
@@ -1587,8 +1587,14 @@ class Ledger:
                 cursor = end
                 if uncover and entry.depth == 0 and entry.id in uncover:
                     inside, within = end, start
-            elif end > cursor:  # starts inside the last one found, ends past it
-                over.append((_TEXT, digest_, 0, 0, _NO_PART))
+            elif end > cursor:  # starts inside the last one found, ends past it: its tail too
+                chars = (
+                    end - cursor
+                    if ascii
+                    else len(data[cursor:end].decode("utf-8", "surrogatepass"))
+                )
+                over.append((_TEXT, digest_, chars, 0, _NO_PART))
+                cursor = end
             elif start < inside and start >= within:  # inside a dead source: found as well
                 over.append((_TEXT, digest_, 0, 0, _NO_PART))
                 if not (uncover and entry.depth == 0 and entry.id in uncover):

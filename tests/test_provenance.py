@@ -835,6 +835,31 @@ class TestRecognitionOverlaps:
         region = ledger.resolve(f"turn: {text} end", "w").region
         assert region.depth == 1 and {"cfg", "gone"} <= region.sources
 
+    @pytest.mark.parametrize("cached", [True, False], ids=["cached", "restarted"])
+    @pytest.mark.parametrize("tail", ["", " then more"], ids=["its-end-last", "text-after"])
+    def test_the_end_of_a_text_overlapping_another_is_that_texts(
+        self, cached: bool, tail: str
+    ) -> None:
+        """The same, every source live: the summary's end past the source is the summary's own
+        text, not unrecognised content. It was also taken for original content resting on no
+        store (a gap), and the input was refused though both texts can be given back."""
+        store = MemoryStore()
+        guard = Guard(store=store)
+        source = "retry ceiling is 7 for the billing job, said the config"
+        guard.record_source(source, "config_read", "cfg")
+        guard.record_source("the live base of the summary", "tool_output", "base")
+        summary = "said the config; retries back off exponentially after that"
+        based = guard.provenance(["the live base of the summary"])
+        guard.ledger.record_summary(summary, based, "w")
+        text = source + summary[len("said the config") :] + tail
+        reader = guard if cached else Guard(store=store)
+        resolution = reader.ledger.resolve(text, "w")
+        assert [gap for _, gap in resolution.unregistered] == ([tail] if tail else [])
+        region = resolution.region
+        assert region.depth == 1 and region.sources >= {"cfg", "base"}
+        assert region.chars == len(text)
+        assert reader.check([text], summarizer="s", enforce=False).allowed is not bool(tail)
+
     def test_text_recorded_as_source_and_summary(self) -> None:
         """The same text known as a source and as a summary resolves instead of crashing."""
         ledger = Ledger(MemoryStore())
