@@ -751,10 +751,12 @@ def _holding_nothing(
     for at in dead:
         start, negative, _ = ordered[at]
         end, cursor = start - negative, start
-        for span_start, span_end in covered[bisect.bisect_right(ends, start) :]:
-            if span_start >= end or not _is_blank(text, data, cursor, span_start, ascii):
+        span = bisect.bisect_right(ends, start)  # the first span ending inside it or past it
+        while span < len(covered) and covered[span][0] < end:
+            if not _is_blank(text, data, cursor, covered[span][0], ascii):
                 break
-            cursor = max(cursor, span_end)
+            cursor = max(cursor, covered[span][1])
+            span += 1
         if cursor >= end or _is_blank(text, data, cursor, end, ascii):
             empty.add(at)
     return tuple(hit for at, hit in enumerate(ordered) if at not in empty)

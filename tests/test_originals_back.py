@@ -327,11 +327,15 @@ SUMMARY = "retry ceiling 7 for the deploy job, as summarized"
 #: Dead sources holding nothing of their own, each beside another known text: (the sources,
 #: evicted, then the live turn CONFIG; the unit). Nested: one inside the other; running on:
 #: its last bytes the first of the turn, which runs past its end; two: one holding the
-#: summary, the other the summary and the turn.
+#: summary, the other the summary and the turn; nested again, with non-ASCII whitespace.
 HOLDING_NOTHING = {
     "nested": ({"inner": f" {SUMMARY}\n", "outer": f"\n {SUMMARY}\n "}, f"\n {SUMMARY}\n {CONFIG}"),
     "running-on": ({"dead": f" {SUMMARY} {CONFIG[:30]}"}, f" {SUMMARY} {CONFIG}"),
     "two": ({"padded": f" {SUMMARY}\n", "joined": f"{SUMMARY}\n{CONFIG}"}, f" {SUMMARY}\n{CONFIG}"),
+    "non-ascii-nested": (
+        {"inner": f"\u00a0{SUMMARY}\u3000", "outer": f"\u3000\u00a0{SUMMARY}\u3000\u2003"},
+        f"\u3000\u00a0{SUMMARY}\u3000\u2003{CONFIG}",
+    ),
 }
 
 
