@@ -802,13 +802,14 @@ CUT_PIECES = [*CUT_SUMMARIES, CUT_SOURCE, " ", "\n", "  \n\t", "zqdx own words"]
 @deep.suite(120)
 def test_dead_sources_cut_anywhere_decide_nothing(data: st.DataObject) -> None:
     """Sources cut anywhere from a message of known texts, whitespace and words of its own,
-    recorded before or after the summaries, then most of them evicted (from a MemoryStore, one
+    recorded before or after the summaries, then evicted but for a few (from a MemoryStore, one
     forgetting their tombstones, a SQLite file): whether a guard finds them (the one
     that recorded them, caching them; one with a one-text cache, by anchor; a new one, never)
-    decides nothing. One holding only known texts and whitespace is those texts, so with no
-    words of its own the message rests on live sources only: allowed. (Recorded after the
-    summaries, a text quoting one is a record resting on itself too: `test_record_quoting.py`;
-    gone, it is refused wherever it is found, as it is found everywhere.)"""
+    decides nothing. One holding only known texts and whitespace is those texts, so with the
+    cuts recorded first and no words of its own the message rests on live sources: allowed.
+    (Recorded after the summaries, a text quoting one is a record resting on itself too:
+    `test_record_quoting.py`; gone, it is refused wherever it is found, as it is found
+    everywhere.)"""
     pieces = data.draw(st.lists(st.sampled_from(CUT_PIECES), min_size=1, max_size=6))
     message = "".join(pieces)
     cuts = data.draw(
@@ -833,9 +834,11 @@ def test_dead_sources_cut_anywhere_decide_nothing(data: st.DataObject) -> None:
             else SQLiteStore(Path(tmp) / "cut.sqlite")
         )
         kept = data.draw(st.sets(st.integers(0, len(texts) - 1))) if texts else set()
-        _cut_and_decide(store, message, pieces, texts, before, kept)
-        if isinstance(store, SQLiteStore):
-            store.close()
+        try:
+            _cut_and_decide(store, message, pieces, texts, before, kept)
+        finally:
+            if isinstance(store, SQLiteStore):
+                store.close()
 
 
 def _cut_and_decide(
