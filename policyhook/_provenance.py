@@ -1563,7 +1563,8 @@ class Ledger:
         """How a message splits: its known texts (non-overlapping, leftmost first, longest on a
         tie: `ordered`), the unrecognised gaps between them, and the known texts that start
         inside one of those and end past it (the region rests on them too, and their end is
-        theirs, not unrecognised content: its characters counted with them). The sources of
+        theirs, not unrecognised content: its characters counted with them; a dead source's
+        end is searched on, as where it is not found). The sources of
         `uncover` (dead: `Ledger._declared`) hide nothing: the known texts inside one are found
         too, as where it is not known (leftmost first, longest, none of its characters). One
         holding nothing of its own is not found at all (`_holding_nothing`)."""
@@ -1589,8 +1590,12 @@ class Ledger:
                 cursor = end
                 if uncover and entry.depth == 0 and entry.id in uncover:
                     inside, within = end, start
-            elif end > cursor:  # starts inside the last one found, ends past it: its tail too
-                chars = (
+            elif end > cursor:  # starts inside the last one found, ends past it
+                if uncover and entry.depth == 0 and entry.id in uncover:
+                    # A dead source: its end is searched on (it hides nothing it holds)
+                    over.append((_TEXT, digest_, 0, 0, _NO_PART))
+                    continue
+                chars = (  # its end is its own, not unrecognised content
                     end - cursor
                     if ascii
                     else len(data[cursor:end].decode("utf-8", "surrogatepass"))

@@ -362,6 +362,29 @@ def test_dead_sources_holding_only_known_texts_and_whitespace_are_those_texts(
     assert guard.check([unit], summarizer="s", enforce=False).allowed
 
 
+@pytest.mark.parametrize("max_texts", [65_536, 1], ids=["cached", "small-cache"])
+def test_a_dead_source_running_past_a_found_text_hides_nothing_it_holds(max_texts: int) -> None:
+    """A dead source starting inside a live source's text found in the message and running past
+    it, over a summary and a byte of content of its own: the summary inside it is found, as
+    where the dead source is not. Taking its end for its own (as a live text's end is) hid the
+    summary, and the message read as original content (depth 0): re-summarizing a summary
+    whose sources are gone was allowed by every guard that found the dead source. Found by
+    `test_dead_sources_cut_anywhere_decide_nothing` at 50x."""
+    store = MemoryStore()
+    guard = Guard(store=store, max_texts=max_texts)
+    message = f"{CONFIG}{SUMMARY}zqdx own words"
+    guard.record_source(message[1 : len(CONFIG) + len(SUMMARY) + 1], "tool_output", "dead")
+    guard.record_source("the live base of the summary", "tool_output", source_id="base")
+    guard.record_source(CONFIG, "config_read", source_id="turn")
+    guard.ledger.record_summary(SUMMARY, guard.provenance(["the live base of the summary"]), "w")
+    assert store.evict("dead") and store.evict("base")
+    for reader in (guard, Guard(store=store)):
+        region = reader.provenance([message])
+        assert region.depth == 1 and "base" in region.sources
+        decision = reader.check([message], summarizer="s", enforce=False)
+        assert decision.effect == "deny" and "base" in decision.dead_sources
+
+
 @pytest.mark.parametrize("cached", [True, False], ids=["cached", "restarted"])
 @pytest.mark.parametrize("inside", [True, False], ids=["in-the-inner", "in-the-outer"])
 def test_nested_dead_sources_with_content_of_their_own_are_refused(

@@ -160,7 +160,8 @@ class Oracle:
                 cursor = end
             elif end > cursor:  # overlapping the end of the last one found: rests on it too,
                 placed += [(gap, start) for gap in self._add(text, into)]  # its end its own
-                cursor = end
+                if not self._dead(text):  # (a dead one's end searched on: it hides nothing)
+                    cursor = end
             elif within <= start < inside:  # inside a dead source: found as if it were unknown
                 if not self._add(text, into):
                     dead[-1][2].append((start, end))
