@@ -108,12 +108,8 @@ class Oracle:
         if not unit.strip():
             return []
         data = encode(unit)
-        for whole in (unit, unit.strip()):  # (a dead source given whole is searched too)
-            if (
-                whole in self.known
-                and not self._unknown(whole, wrapped, recording)
-                and not self._dead(whole)
-            ):
+        for whole in (unit, unit.strip()):
+            if whole in self.known and not self._unknown(whole, wrapped, recording):
                 own = self._add(whole, into)
                 for gap in own:
                     self._place(gap, data, data.find(encode(whole)))
