@@ -1562,9 +1562,9 @@ class Ledger:
     ) -> tuple[_Op, ...]:
         """How a message splits: its known texts (non-overlapping, leftmost first, longest on a
         tie: `ordered`), the unrecognised gaps between them, and the known texts that start
-        inside one of those and end past it (the region rests on them too, and their end is
-        theirs, not unrecognised content: its characters counted with them; a dead source's
-        end is searched on, as where it is not found). The sources of
+        inside one of those and end past it (the region rests on them too; a summary's end is
+        its own, not unrecognised content, its characters counted with it; a source's end is
+        searched on, as a dead one's must be where it is not found). The sources of
         `uncover` (dead: `Ledger._declared`) hide nothing: the known texts inside one are found
         too, as where it is not known (leftmost first, longest, none of its characters). One
         holding nothing of its own is not found at all (`_holding_nothing`)."""
@@ -1591,11 +1591,10 @@ class Ledger:
                 if uncover and entry.depth == 0 and entry.id in uncover:
                     inside, within = end, start
             elif end > cursor:  # starts inside the last one found, ends past it
-                if uncover and entry.depth == 0 and entry.id in uncover:
-                    # A dead source: its end is searched on (it hides nothing it holds)
-                    over.append((_TEXT, digest_, 0, 0, _NO_PART))
+                if entry.depth == 0:  # a source's end is searched on: one may turn out dead
+                    over.append((_TEXT, digest_, 0, 0, _NO_PART))  # (and hide nothing)
                     continue
-                chars = (  # its end is its own, not unrecognised content
+                chars = (  # a summary's end is its own, not unrecognised content
                     end - cursor
                     if ascii
                     else len(data[cursor:end].decode("utf-8", "surrogatepass"))

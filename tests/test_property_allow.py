@@ -156,7 +156,7 @@ class Oracle:
                 cursor = end
             elif end > cursor:  # overlapping the end of the last one found: rests on it too,
                 placed += [(gap, start) for gap in self._add(text, into)]  # its end its own
-                if not self._dead(text):  # (a dead one's end searched on: it hides nothing)
+                if self.known[text].depth > 0:  # (a source's end searched on)
                     cursor = end
             elif within <= start < inside:  # inside a dead source: found as if it were unknown
                 if not self._add(text, into):
