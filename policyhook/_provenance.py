@@ -718,19 +718,25 @@ def _is_blank(text: str, data: bytes, start: int, end: int, ascii: bool) -> bool
     return not data[start:end].decode("utf-8", "surrogatepass").strip()
 
 
+def _chars(data: bytes, start: int, end: int, ascii: bool) -> int:
+    """How many characters bytes `start:end` of a message hold (`ascii`: one per byte)."""
+    return end - start if ascii else len(data[start:end].decode("utf-8", "surrogatepass"))
+
+
 def _holding_nothing(
     ordered: tuple[tuple[int, int, str], ...],
     known: Mapping[str, Entry],
     uncover: AbstractSet[str],
     text: str,
     data: bytes,
+    ascii: bool,
 ) -> tuple[tuple[int, int, str], ...]:
     """`ordered` (`Ledger._found`) less the dead sources of `uncover` that hold nothing of their
     own: every byte of theirs that is not whitespace lies inside a known text found in the
     message that is not one of them (so one nested in another, or a text running past its end,
     counts as what it is made of). Where such a source is not found, the message splits into
     those texts and whitespace, which is no content (`Ledger._gap`); split without it, it
-    splits the same where it is found."""
+    splits the same where it is found. `ascii`: byte offsets are character offsets."""
     dead: list[int] = []
     covered: list[list[int]] = []  # the spans of the other known texts, merged, in order
     for at, (start, negative, text_digest) in enumerate(ordered):
@@ -745,7 +751,6 @@ def _holding_nothing(
             covered.append([start, start - negative])
     if not dead:
         return ordered
-    ascii = len(data) == len(text)  # then byte offsets are character offsets
     ends = [end for _, end in covered]
     empty: set[int] = set()
     for at in dead:
@@ -1181,9 +1186,10 @@ class Ledger:
                 view = self.store.view(cursor, 1024, asked, first.region.sources, window)
         except Exception as exc:  # fail closed, from what is cached, asking nothing more
             with self._lock:
-                return replace(self._reading(_Failing(exc), items), failure=exc)
-        with self._lock:
-            resolution = self._seen(view, items, window, first, asked)
+                resolution = replace(self._reading(_Failing(exc), items), failure=exc)
+        else:
+            with self._lock:
+                resolution = self._seen(view, items, window, first, asked)
         # Sources found whole, inside units or as Regions' texts: when dead, they hide nothing.
         # (Most calls find them all live, as the view answered: nothing more to do.)
         embedded, live = resolution.embedded, resolution.live
@@ -1200,26 +1206,31 @@ class Ledger:
         it is not found, its bytes are searched like any unknown text: a summary inside it is
         found, and in a Region's text the rest is the Region's declared content. So where it
         is found it must do the same, or what the cache held would decide. (Found or not, it
-        counts as dead in a plain message: unrecognised content is dead until archived.)"""
-        live = resolution.live
+        counts as dead in a plain message: unrecognised content is dead until archived.)
+        A store that cannot answer holds none of them: all read as dead (fail closed), or one
+        still cached would hide a summary inside it and the input read as original content."""
+        live, failure = resolution.live, resolution.failure
         dead: frozenset[str] = frozenset()
         found = resolution
         while True:  # a dead source may hide others inside it, found once it is searched
             embedded = found.embedded - dead
-            try:  # (the view answered the first ones, unless it found them; rarely asked here)
-                held = live if live is not None and found is resolution else None
-                if held is None:
+            held: AbstractSet[str] = frozenset()  # a store that cannot answer holds none
+            if live is not None and found is resolution:  # (the view answered the first ones)
+                held = live
+            elif failure is None:
+                try:
                     held = self.store.live(embedded)
-            except Exception:  # fail closed: counted as the sources they are, dead to the caller
-                return found
+                except Exception as exc:  # fail closed: dead, so none hides what it holds
+                    failure = exc
             more = frozenset(s for s in embedded if s not in held)  # (`held` may be `_Grown`)
             if not more:
                 break
             dead |= more
-            with self._lock:
-                found = self._resolve(items, catch_up=False, dead_inside=dead)
-            if found.failure is not None:
-                return found
+            with self._lock:  # (a store that failed is not asked again: it fails at once)
+                found = self._reading(_Failing(failure) if failure else self.store, items, dead)
+            failure = failure or found.failure
+        if failure is not None:  # every source dead to the caller (`Guard._live`)
+            return replace(found, live=None, failure=failure)
         if found is resolution:
             return resolution
         sources, answered = sources_of(found.region), sources_of(resolution.region)
@@ -1270,12 +1281,14 @@ class Ledger:
             return replace(found, live=live)
         return found  # a source found since: the caller asks the store (`live`)
 
-    def _reading(self, reader: Any, items: list[Region | str]) -> Resolution:
+    def _reading(
+        self, reader: Any, items: list[Region | str], dead_inside: AbstractSet[str] = frozenset()
+    ) -> Resolution:
         """Resolve `items` with recognition reading through `reader` (`_Deferred`, `_Failing`),
         without catching up: the view does that (or the store is down)."""
         self._reader = reader  # (`reader` is Any: it answers as a Store does)
         try:
-            return self._resolve(items, catch_up=False)
+            return self._resolve(items, catch_up=False, dead_inside=dead_inside)
         finally:
             self._reader = self.store
 
@@ -1568,9 +1581,9 @@ class Ledger:
         `uncover` (dead: `Ledger._declared`) hide nothing: the known texts inside one are found
         too, as where it is not known (leftmost first, longest, none of its characters). One
         holding nothing of its own is not found at all (`_holding_nothing`)."""
-        if uncover:
-            ordered = _holding_nothing(ordered, known, uncover, text, data)
         ascii = len(data) == len(text)  # then byte offsets are character offsets
+        if uncover:
+            ordered = _holding_nothing(ordered, known, uncover, text, data, ascii)
         ops: list[_Op] = []
         over: list[_Op] = []
         cursor = 0
@@ -1583,10 +1596,7 @@ class Ledger:
             if start >= cursor:
                 if start > cursor:
                     ops.extend(self._gap(text, data, key, cursor, start, ascii))
-                chars = (
-                    end - start if ascii else len(data[start:end].decode("utf-8", "surrogatepass"))
-                )
-                ops.append((_TEXT, digest_, chars, 0, _NO_PART))
+                ops.append((_TEXT, digest_, _chars(data, start, end, ascii), 0, _NO_PART))
                 cursor = end
                 if uncover and entry.depth == 0 and entry.id in uncover:
                     inside, within = end, start
@@ -1594,12 +1604,8 @@ class Ledger:
                 if entry.depth == 0:  # a source's end is searched on: one may turn out dead
                     over.append((_TEXT, digest_, 0, 0, _NO_PART))  # (and hide nothing)
                     continue
-                chars = (  # a summary's end is its own, not unrecognised content
-                    end - cursor
-                    if ascii
-                    else len(data[cursor:end].decode("utf-8", "surrogatepass"))
-                )
-                over.append((_TEXT, digest_, chars, 0, _NO_PART))
+                # A summary's end is its own, not unrecognised content
+                over.append((_TEXT, digest_, _chars(data, cursor, end, ascii), 0, _NO_PART))
                 cursor = end
             elif start < inside and start >= within:  # inside a dead source: found as well
                 over.append((_TEXT, digest_, 0, 0, _NO_PART))

@@ -19,6 +19,7 @@ refuse. Fixed budgets, derandomized: CI stays bounded.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import string
 import tempfile
@@ -43,6 +44,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from outage import store_down
 
 import policyhook
 from policyhook import Guard, MemoryStore, Region, SQLiteStore, Store, UnsafeRecompactionError
@@ -610,6 +612,23 @@ class Provenance(RuleBasedStateMachine):
         window = data.draw(st.sampled_from(["w1", "w2"]))
         self.decide(self.guard(data), units, window, wrapped)
 
+    @rule(data=st.data())
+    def check_while_the_store_is_down(self, data: st.DataObject) -> None:
+        """The store unreachable (every handle on it): every source is dead, so a guard allows
+        only what was never summarized, whatever its caches still hold."""
+        units = self.units(data)
+        wrapped = [data.draw(st.booleans()) for _ in units]
+        value = [Region.original(u) if w else u for u, w in zip(units, wrapped, strict=True)]
+        found = Found()
+        for unit, wrap in zip(units, wrapped, strict=True):
+            self.oracle.unit(unit, found, wrap)
+        guard = self.guard(data)
+        with contextlib.ExitStack() as outage:
+            for store in self.stores:
+                outage.enter_context(store_down(store))
+            decision = guard.check(value, summarizer="property")
+        assert decision.effect == "deny" or found.depth == 0, (units, wrapped, found)
+
     @precondition(lambda self: any(k.depth > 0 for k in self.oracle.known.values()))
     @rule(data=st.data(), sep=st.sampled_from(["\n", " ", ""]))
     def check_region_holding_an_evicted_text(self, data: st.DataObject, sep: str) -> None:
@@ -806,16 +825,13 @@ def test_dead_sources_cut_anywhere_decide_nothing(data: st.DataObject) -> None:
     cuts recorded first and no words of its own the message rests on live sources: allowed.
     (Recorded after the summaries, a text quoting one is a record resting on itself too:
     `test_record_quoting.py`; gone, it is refused wherever it is found, as it is found
-    everywhere.)"""
+    everywhere.) With the store down every source is dead: each guard then allows only a
+    message that was never summarized (depth 0), whatever its cache holds."""
     pieces = data.draw(st.lists(st.sampled_from(CUT_PIECES), min_size=1, max_size=6))
     message = "".join(pieces)
-    cuts = data.draw(
-        st.lists(
-            st.tuples(st.integers(0, len(message)), st.integers(0, len(message))).map(sorted),
-            min_size=1,
-            max_size=3,
-        )
-    )
+    anywhere = st.tuples(st.integers(0, len(message)), st.integers(0, len(message))).map(sorted)
+    whole = st.just([0, len(message)])  # (a message recorded as a source, as a tool output is)
+    cuts = data.draw(st.lists(st.one_of(whole, anywhere), min_size=1, max_size=3))
     texts = [message[a:b] for a, b in cuts if message[a:b].strip()]
     # (a text cut to one of the known texts exactly is that text put under a second id:
     # another case, docs/stores.md)
@@ -864,6 +880,12 @@ def _cut_and_decide(
         [reader.check(value, summarizer="p", enforce=False).effect for reader in readers]
         for value in values
     ]
+    depths = [readers[2].provenance(value).depth for value in values]
+    with store_down(store):  # every source dead: only what was never summarized is allowed
+        for value, depth in zip(values, depths, strict=True):
+            for reader in readers:
+                decision = reader.check(value, summarizer="p", enforce=False)
+                assert decision.effect == "deny" or depth == 0, (value, texts, before, store)
     for reader in readers:
         reader.close()
     for value, effects in zip(values, decisions, strict=True):

@@ -10,8 +10,16 @@ from pathlib import Path
 from typing import Any, ClassVar, cast
 
 import pytest
+from outage import store_down
 
-from policyhook import Guard, MemoryStore, Region, SQLiteStore, Store
+from policyhook import (
+    Guard,
+    MemoryStore,
+    Region,
+    SQLiteStore,
+    Store,
+    UnsafeRecompactionError,
+)
 
 SOURCE = "config read: retry_ceiling = 7 for the billing job"
 
@@ -378,3 +386,39 @@ class TestATextKeepsItsIdWhenRecordedAgain:
         for deciding in (guard, later):
             assert "quoting" in deciding.provenance([summary]).sources
             assert deciding.check([summary], summarizer="p").effect == "deny"
+
+
+class TestAStoreDownWithADeadSourceCached:
+    """A tool output recorded as a source, holding a summary's text, then evicted: with the
+    store up it hides nothing (the summary inside it is found, its base gone: refused). With the
+    store down, the guard that recorded it still found its text whole in its cache, and read it
+    as a source not known to be dead: the summary inside was hidden, the message read as original
+    content (depth 0), and original content is allowed with every source dead. Re-summarizing a
+    summary whose sources are gone was allowed for as long as the store was down."""
+
+    @pytest.mark.parametrize("kind", ["memory", "sqlite"])
+    @pytest.mark.parametrize("shape", ["message", "padded", "list", "region"])
+    def test_it_is_refused_while_the_store_is_down(
+        self, tmp_path: Path, kind: str, shape: str
+    ) -> None:
+        store: Store = MemoryStore() if kind == "memory" else SQLiteStore(tmp_path / "s.db")
+        guard = Guard(store=store)
+        summary = "Summary: the billing job retries up to retry_ceiling = 7."
+        output = f"tool output: the last run said {summary} and exited 0"
+        guard.record_source(output, "tool_output", "tool")  # before the summary: evidence
+        guard.record_source(SOURCE, "config_read", "cfg")
+        assert guard(lambda text: summary, summarizer="s")(SOURCE) == summary
+        assert store.evict("tool") and store.evict("cfg")
+        value: Any = {
+            "message": output,
+            "padded": f"  {output}\n",
+            "list": [output, SOURCE],
+            "region": [Region.original(output)],
+        }[shape]
+        assert guard.check(value, summarizer="p").effect == "deny"  # the store up
+        with store_down(store):
+            assert guard.provenance(value).depth >= 1
+            decision = guard.check(value, summarizer="p")
+            assert decision.effect == "deny" and decision.rule == "live-sources"
+            with pytest.raises(UnsafeRecompactionError):
+                guard(lambda text: "never", summarizer="s")(value)
