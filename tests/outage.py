@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import NoReturn
 
 from policyhook import Store
@@ -17,17 +17,17 @@ STORE_METHODS = (
 
 
 @contextlib.contextmanager
-def store_down(store: Store) -> Iterator[None]:
-    """`store` unreachable: every method of the protocol raises ConnectionError until the
-    block ends (an outage between calls, as a network partition makes one)."""
+def store_down(store: Store, methods: Collection[str] = STORE_METHODS) -> Iterator[None]:
+    """`store` unreachable: every method of the protocol (or those of `methods`: a partial
+    outage, one table locked, one replica gone) raises ConnectionError until the block ends."""
 
     def down(*args: object, **kwargs: object) -> NoReturn:
         raise ConnectionError("store down")
 
-    for name in STORE_METHODS:
+    for name in methods:
         setattr(store, name, down)
     try:
         yield
     finally:
-        for name in STORE_METHODS:
+        for name in methods:
             vars(store).pop(name, None)

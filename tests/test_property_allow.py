@@ -44,7 +44,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from outage import store_down
+from outage import STORE_METHODS, store_down
 
 import policyhook
 from policyhook import Guard, MemoryStore, Region, SQLiteStore, Store, UnsafeRecompactionError
@@ -612,22 +612,25 @@ class Provenance(RuleBasedStateMachine):
         window = data.draw(st.sampled_from(["w1", "w2"]))
         self.decide(self.guard(data), units, window, wrapped)
 
-    @rule(data=st.data())
-    def check_while_the_store_is_down(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), whole=st.booleans())
+    def check_while_the_store_is_down(self, data: st.DataObject, whole: bool) -> None:
         """The store unreachable (every handle on it): every source is dead, so a guard allows
-        only what was never summarized, whatever its caches still hold."""
+        only what was never summarized, whatever its caches still hold. Some of its methods
+        failing (`whole` False): what must be refused still is."""
         units = self.units(data)
         wrapped = [data.draw(st.booleans()) for _ in units]
         value = [Region.original(u) if w else u for u, w in zip(units, wrapped, strict=True)]
         found = Found()
         for unit, wrap in zip(units, wrapped, strict=True):
             self.oracle.unit(unit, found, wrap)
+        failing = STORE_METHODS if whole else data.draw(st.sets(st.sampled_from(STORE_METHODS)))
         guard = self.guard(data)
         with contextlib.ExitStack() as outage:
             for store in self.stores:
-                outage.enter_context(store_down(store))
+                outage.enter_context(store_down(store, failing))
             decision = guard.check(value, summarizer="property")
-        assert decision.effect == "deny" or found.depth == 0, (units, wrapped, found)
+        assert decision.effect == "deny" or not self.must_refuse(found), (units, found, failing)
+        assert decision.effect == "deny" or not whole or found.depth == 0, (units, found)
 
     @precondition(lambda self: any(k.depth > 0 for k in self.oracle.known.values()))
     @rule(data=st.data(), sep=st.sampled_from(["\n", " ", ""]))
