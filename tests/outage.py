@@ -1,10 +1,11 @@
-"""A store outage for tests: every call of the store protocol fails while it lasts."""
+"""Store faults for tests: an outage (every call of the store protocol, or of some of its
+methods, failing while it lasts) and one call failing."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection, Iterator
-from typing import NoReturn
+from collections.abc import Callable, Collection, Iterator, Sequence
+from typing import Any, NoReturn
 
 from policyhook import Store
 
@@ -30,4 +31,30 @@ def store_down(store: Store, methods: Collection[str] = STORE_METHODS) -> Iterat
         yield
     finally:
         for name in methods:
+            vars(store).pop(name, None)
+
+
+@contextlib.contextmanager
+def one_fault(stores: Sequence[Store], at: int) -> Iterator[list[str]]:
+    """The `at`-th call of the store protocol, counted over every handle of `stores` (a call a
+    store makes of its own methods too), raises ConnectionError, once: a dropped connection,
+    a timeout. Yields the names of the calls made, in order."""
+    calls: list[str] = []
+
+    def faulty(method: Callable[..., Any], name: str) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            if len(calls) == at:
+                raise ConnectionError(f"store fault at call {at} ({name})")
+            return method(*args, **kwargs)
+
+        return call
+
+    patched = [(store, name) for store in stores for name in STORE_METHODS if hasattr(store, name)]
+    for store, name in patched:
+        setattr(store, name, faulty(getattr(store, name), name))
+    try:
+        yield calls
+    finally:
+        for store, name in patched:
             vars(store).pop(name, None)

@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -44,7 +44,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from outage import STORE_METHODS, store_down
+from outage import STORE_METHODS, one_fault, store_down
 
 import policyhook
 from policyhook import Guard, MemoryStore, Region, SQLiteStore, Store, UnsafeRecompactionError
@@ -470,6 +470,18 @@ class Provenance(RuleBasedStateMachine):
     def must_refuse(self, found: Found) -> bool:
         return found.depth > 0 and not self.live(found)
 
+    def value(self, units: list[str], wrapped: list[bool]) -> tuple[list[str | Region], Found]:
+        """`units` as a guard is given them, those marked in `wrapped` handed over as
+        `Region.original(unit)`, and what the oracle finds them made of."""
+        value: list[str | Region] = []
+        found = Found()
+        for unit, wrap in zip(units, wrapped, strict=True):
+            value.append(Region.original(unit) if wrap else unit)
+            own = self.oracle.unit(unit, found, wrap)
+            if wrap:  # (a Region's own unrecognised content is declared content, not a gap)
+                found.gaps -= set(own)
+        return value, found
+
     def decide(
         self, guard: Guard, units: list[str], window: str, wrapped: list[bool] | None = None
     ) -> None:
@@ -477,15 +489,7 @@ class Provenance(RuleBasedStateMachine):
         (a framework's seam): what is known of a Region's text counts as of any unit; its own
         unrecognised content is the caller's declared content, not a gap."""
         wrapped = wrapped or [False] * len(units)
-        value: list[str | Region] = [
-            Region.original(unit) if wrap else unit
-            for unit, wrap in zip(units, wrapped, strict=True)
-        ]
-        found = Found()
-        for unit, wrap in zip(units, wrapped, strict=True):
-            own = self.oracle.unit(unit, found, wrap)
-            if wrap:
-                found.gaps -= set(own)
+        value, found = self.value(units, wrapped)
         with policyhook.request(window=window), capture_decisions(guard) as seen:
             region = guard.provenance(value)
             decision = guard.check(value, summarizer="property")
@@ -525,6 +529,32 @@ class Provenance(RuleBasedStateMachine):
     @rule(data=st.data(), window=st.sampled_from(["w1", "w2", "w3"]))
     def summarize(self, data: st.DataObject, window: str) -> None:
         """A guarded call: refused when the oracle says it must be; its output recorded."""
+        self._summarize(data, window, contextlib.nullcontext)
+
+    @rule(data=st.data(), window=st.sampled_from(["w1", "w2", "w3"]), at=st.integers(0, 16))
+    def summarize_while_the_store_fails(self, data: st.DataObject, window: str, at: int) -> None:
+        """The same with the store failing during the call (every handle): some of its methods
+        (`at` 0), or its `at`-th call. Refused, or granted with the output returned whole and
+        known as a summary from then on (written when the store answers again: the next
+        decision of that guard owes it first)."""
+        failing = () if at else data.draw(st.sets(st.sampled_from(STORE_METHODS)))
+        self._summarize(data, window, lambda: self.faults(failing, at))
+
+    def faults(self, failing: Collection[str], at: int) -> contextlib.ExitStack:
+        """The methods of `failing` failing on every store handle, or the `at`-th store call."""
+        stack = contextlib.ExitStack()
+        if at:
+            stack.enter_context(one_fault(self.stores, at))
+        for store in self.stores:
+            stack.enter_context(store_down(store, failing))
+        return stack
+
+    def _summarize(
+        self,
+        data: st.DataObject,
+        window: str,
+        outage: Callable[[], contextlib.AbstractContextManager[object]],
+    ) -> None:
         units = self.units(data)
         found = self.oracle.value(units)
         choice = data.draw(st.integers(0, 5))
@@ -540,10 +570,12 @@ class Provenance(RuleBasedStateMachine):
         guard = self.guard(data)
         summarize = guard(lambda value: written, summarizer="property")
         try:
-            with policyhook.request(window=window):
+            with policyhook.request(window=window), outage():
                 got = summarize(units)
         except UnsafeRecompactionError:
             return
+        finally:  # written now, as before that guard's next read (docs/reliability.md): until
+            assert guard.ledger.write_unwritten() == 0  # then no other guard knows the output
         assert not self.must_refuse(found), ("granted", units, found)
         assert got == written
         if output.strip():
@@ -612,22 +644,20 @@ class Provenance(RuleBasedStateMachine):
         window = data.draw(st.sampled_from(["w1", "w2"]))
         self.decide(self.guard(data), units, window, wrapped)
 
-    @rule(data=st.data(), whole=st.booleans())
-    def check_while_the_store_is_down(self, data: st.DataObject, whole: bool) -> None:
+    @rule(data=st.data(), whole=st.booleans(), at=st.integers(0, 16))
+    def check_while_the_store_is_down(self, data: st.DataObject, whole: bool, at: int) -> None:
         """The store unreachable (every handle on it): every source is dead, so a guard allows
         only what was never summarized, whatever its caches still hold. Some of its methods
-        failing (`whole` False): what must be refused still is."""
+        failing, or its `at`-th call (`whole` False): what must be refused still is."""
         units = self.units(data)
-        wrapped = [data.draw(st.booleans()) for _ in units]
-        value = [Region.original(u) if w else u for u, w in zip(units, wrapped, strict=True)]
-        found = Found()
-        for unit, wrap in zip(units, wrapped, strict=True):
-            self.oracle.unit(unit, found, wrap)
-        failing = STORE_METHODS if whole else data.draw(st.sets(st.sampled_from(STORE_METHODS)))
+        value, found = self.value(units, [data.draw(st.booleans()) for _ in units])
+        failing: Collection[str] = ()
+        if whole:
+            failing, at = STORE_METHODS, 0
+        elif not at:
+            failing = data.draw(st.sets(st.sampled_from(STORE_METHODS)))
         guard = self.guard(data)
-        with contextlib.ExitStack() as outage:
-            for store in self.stores:
-                outage.enter_context(store_down(store, failing))
+        with self.faults(failing, at):
             decision = guard.check(value, summarizer="property")
         assert decision.effect == "deny" or not self.must_refuse(found), (units, found, failing)
         assert decision.effect == "deny" or not whole or found.depth == 0, (units, found)
