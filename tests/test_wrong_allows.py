@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, ClassVar, cast
 
 import pytest
-from outage import store_down
+from outage import one_fault, store_down
 
 from policyhook import (
     Guard,
@@ -396,12 +396,11 @@ class TestAStoreDownWithADeadSourceCached:
     content (depth 0), and original content is allowed with every source dead. Re-summarizing a
     summary whose sources are gone was allowed for as long as the store was down."""
 
-    @pytest.mark.parametrize("kind", ["memory", "sqlite"])
-    @pytest.mark.parametrize("shape", ["message", "padded", "list", "region"])
-    def test_it_is_refused_while_the_store_is_down(
-        self, tmp_path: Path, kind: str, shape: str
-    ) -> None:
-        store: Store = MemoryStore() if kind == "memory" else SQLiteStore(tmp_path / "s.db")
+    SHAPES: ClassVar[list[str]] = ["message", "padded", "list", "region"]
+
+    @staticmethod
+    def recorded(store: Store, shape: str) -> tuple[Guard, Any]:
+        """The guard that recorded the tool output (caching it), and the input of `shape`."""
         guard = Guard(store=store)
         summary = "Summary: the billing job retries up to retry_ceiling = 7."
         output = f"tool output: the last run said {summary} and exited 0"
@@ -416,9 +415,36 @@ class TestAStoreDownWithADeadSourceCached:
             "region": [Region.original(output)],
         }[shape]
         assert guard.check(value, summarizer="p").effect == "deny"  # the store up
+        return guard, value
+
+    @pytest.mark.parametrize("kind", ["memory", "sqlite"])
+    @pytest.mark.parametrize("shape", SHAPES)
+    def test_it_is_refused_while_the_store_is_down(
+        self, tmp_path: Path, kind: str, shape: str
+    ) -> None:
+        store: Store = MemoryStore() if kind == "memory" else SQLiteStore(tmp_path / "s.db")
+        guard, value = self.recorded(store, shape)
         with store_down(store):
             assert guard.provenance(value).depth >= 1
             decision = guard.check(value, summarizer="p")
             assert decision.effect == "deny" and decision.rule == "live-sources"
             with pytest.raises(UnsafeRecompactionError):
                 guard(lambda text: "never", summarizer="s")(value)
+
+    @pytest.mark.parametrize("kind", ["memory", "sqlite"])
+    @pytest.mark.parametrize("shape", SHAPES)
+    def test_it_is_refused_whichever_store_call_fails(
+        self, tmp_path: Path, kind: str, shape: str
+    ) -> None:
+        """One dropped call was enough: any one of the view's reads failing (MemoryStore's
+        view makes five) allowed it on the old code. Every call of the decision, failing
+        alone, refuses it; so does none failing."""
+        store: Store = MemoryStore() if kind == "memory" else SQLiteStore(tmp_path / "s.db")
+        guard, value = self.recorded(store, shape)
+        with one_fault([store], 0) as calls:
+            assert guard.check(value, summarizer="p").effect == "deny"
+        assert "view" in calls and len(calls) >= 2  # the sweep is not vacuous
+        for at in range(1, len(calls) + 1):
+            with one_fault([store], at) as made:
+                decision = guard.check(value, summarizer="p")
+            assert decision.effect == "deny", (at, made)
