@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from openai.types.chat import ChatCompletionMessage
+from outage import one_fault, store_down
 
 from policyhook import Guard, MemoryStore, UnsafeRecompactionError, _shapes
 from policyhook import _cel as cel
@@ -220,12 +221,18 @@ def check(guard: Guard, built: Built) -> None:
     read = "\n".join(_shapes.read(built.value))
     missing = [t for t in built.texts if t.strip() and t not in read]
     assert not missing, f"read without {missing!r}"
-    effect = guard.check(built.value, summarizer="property").effect
+    with one_fault([guard.store], 0) as made:  # (counting the decision's store calls)
+        effect = guard.check(built.value, summarizer="property").effect
     if built.dead:
         assert effect == "deny"
         with pytest.raises(UnsafeRecompactionError):
             guarded(built.value)
         assert calls == []
+        for at in range(1, len(made) + 1):  # any one of the decision's store calls failing
+            with one_fault([guard.store], at):
+                assert guard.check(built.value, summarizer="property").effect == "deny", at
+        with store_down(guard.store):
+            assert guard.check(built.value, summarizer="property").effect == "deny"
     elif not built.summary:
         assert effect == "allow"  # original content only: the property is not vacuous
 
@@ -234,6 +241,7 @@ def check(guard: Guard, built: Built) -> None:
 @given(built=VALUES)
 def test_dead_source_summary_in_any_shape_is_never_allowed(guard: Guard, built: Built) -> None:
     """Any nesting holding a summary whose source is evicted is refused by the default policy
-    (guard.check and a decorated summarizer); every generated text is read, never skipped; a part
-    the guard cannot read is a TypeError; and original content alone is allowed."""
+    (guard.check and a decorated summarizer), with any one store call of the decision failing
+    and with the store down too; every generated text is read, never skipped; a part the guard
+    cannot read is a TypeError; and original content alone is allowed."""
     check(guard, built)
