@@ -16,10 +16,11 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from outage import one_fault, store_down
 from test_telemetry import OtlpReceiver
 from test_telemetry import receiver as receiver  # the fixture
 
-from policyhook import Guard, Region, SQLiteStore
+from policyhook import Guard, MemoryStore, Region, SQLiteStore, Store
 from policyhook._telemetry import SPAN_NAME
 from policyhook.adapters.claude_code import decide, read_transcript
 from policyhook.testing import capture_decisions
@@ -710,6 +711,35 @@ def test_decision_is_traced_like_a_decorated_call() -> None:
     assert span.attributes["policyhook.trigger"] == "manual"
     assert span.attributes["policyhook.window.id"] == SESSION
     assert span.status.status_code.name == "ERROR"
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_refused_compaction_stays_refused_whichever_store_call_fails(
+    tmp_path: Path, kind: str
+) -> None:
+    """The history archived by an earlier run, one of its originals evicted since: the continued
+    session's compaction is refused. With any one store call of the decision failing, or the
+    store down, it is refused still, or the decision raises (`run` then blocks the compaction
+    as undecided): never allowed."""
+    store: Store = MemoryStore() if kind == "memory" else SQLiteStore(tmp_path / "s.db")
+    guard = Guard(store=store)
+    assert decide(hook_input("compacted"), guard).effect == "allow"  # the history archived
+    assert store.evict(source("u2-0000"))  # the config read behind the summary
+    with one_fault([store], 0) as calls:
+        assert decide(hook_input("resumed"), guard).effect == "deny"
+    assert len(calls) > 5  # the sweep is not vacuous
+
+    def refused() -> bool:
+        try:
+            return decide(hook_input("resumed"), guard).effect == "deny"
+        except OSError:  # (ConnectionError and StoreUnavailableError are OSErrors)
+            return True
+
+    for at in range(1, len(calls) + 1):
+        with one_fault([store], at) as made:
+            assert refused(), (at, made)
+    with store_down(store):
+        assert refused()
 
 
 REAL = FIXTURES / "real"
