@@ -39,9 +39,17 @@ from policyhook._cel import Backend
 from policyhook._errors import UnsafeRecompactionError
 from policyhook._loader import load_default
 from policyhook._policy import Decision, Effect, Mode, PolicySet
-from policyhook._provenance import Ledger, Region, Resolution, Source, sources_of, text_id
+from policyhook._provenance import (
+    Ledger,
+    Region,
+    Resolution,
+    Source,
+    SourceIdConflictError,
+    sources_of,
+    text_id,
+)
 from policyhook._reload import PolicyWatcher
-from policyhook._telemetry import MeterProvider, Span, Telemetry, TracerProvider
+from policyhook._telemetry import INVALID_SPAN, MeterProvider, Span, Telemetry, TracerProvider
 from policyhook.decisionlog import DecisionLog, Outcome
 from policyhook.remedies import Escalation, Remedied
 from policyhook.stores import MemoryStore, Store
@@ -472,6 +480,31 @@ class Guard:
         """
         return self.ledger.record_source(text, kind, source_id, window=current_request().window)
 
+    def try_record_source(
+        self, text: str, kind: str, source_id: str | None = None
+    ) -> Source | None:
+        """`record_source` for a caller that must go on while the store cannot take the text
+        (an adapter recording the messages a summary is about to replace): a store failure is
+        logged and counted (`policyhook.store.errors{operation="put_source"}`), and None
+        returned. The text is then content no store holds, dead: a summary in the same input
+        is refused (the store down, every source is dead), and one made of originals alone
+        rests on it, so it is refused once summarized again unless its originals come back.
+        Errors of the caller's own (a `SourceIdConflictError`, a text that is not a str) are
+        raised as by `record_source`."""
+        try:
+            return self.record_source(text, kind, source_id)
+        except (SourceIdConflictError, TypeError):
+            raise
+        except Exception as error:
+            _logger.warning(
+                "policyhook: store put_source failed; the %s text is decided as content no "
+                "store holds (dead)",
+                kind,
+                exc_info=True,
+            )
+            self._telemetry.store_failed(INVALID_SPAN, "put_source", error)
+            return None
+
     def text_id(self, prefix: str, text: str) -> str:
         """`prefix:<keyed digest of text>`: the same in every process sharing the store, and no
         clue to a short text outside it. Adapters name a message's source with it, so a message
@@ -721,10 +754,12 @@ class Guard:
         """One remedy run, traced: the driver answers its steps; a failure re-raises the refusal
         (the caller keeps its window), a result is recorded and counted."""
         window = window or current_request().window
-        situation = self._situation(refusal, value, can_summarize, budget_chars, window)
-        run = _RemedyRun(remedies.plan(situation, self._offload))
         with self._telemetry.remedying(refusal.decision, summarizer) as span:
-            try:
+            try:  # (the store failing while the situation is read too: the refusal stands)
+                situation = self._situation(
+                    refusal, value, can_summarize, budget_chars, window, span
+                )
+                run = _RemedyRun(remedies.plan(situation, self._offload))
                 yield run
             except Exception as error:
                 self._remedy_failed(refusal, error, summarizer, span)
@@ -738,16 +773,27 @@ class Guard:
         can_summarize: bool,
         budget_chars: int | None,
         window: str,
+        span: Span,
     ) -> remedies.Situation:
         """What a remedy needs: the input's exact texts, and its sources' texts while the store
-        still holds them (oldest put first), looked up now: liveness is never cached."""
+        still holds them (oldest put first), looked up now: liveness is never cached. A store
+        that cannot give them back holds none: `pin` still archives the input's texts."""
         region = self.ledger.resolve(value, window).region
-        live = self.store.get_sources(region.sources)
+        try:
+            live = self.store.get_sources(region.sources)
+            order = self._put_order(live)
+        except Exception as error:
+            _logger.warning(
+                "policyhook: store get_sources failed; the remedy runs with no live source",
+                exc_info=True,
+            )
+            self._telemetry.store_failed(span, "get_sources", error)
+            live, order = {}, []
         units = _shapes.read(value, keep=(Region,))
         return remedies.Situation(
             requested=remedies.remedy_name(refusal.remedy or remedies.FALLBACK),
             texts=tuple(u.text or "" if isinstance(u, Region) else u for u in units),
-            live=tuple((s, live[s]) for s in self._put_order(live)),
+            live=tuple((s, live[s]) for s in order),
             dead=tuple(s for s in sorted(region.sources) if s not in live),
             can_summarize=can_summarize,
             budget_chars=budget_chars,

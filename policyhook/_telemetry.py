@@ -38,7 +38,14 @@ from policyhook._activation import Activation
 from policyhook._errors import UnsafeRecompactionError
 from policyhook._policy import Decision, Effect, Mode
 
-__all__ = ["MeterProvider", "Span", "Telemetry", "TracerProvider", "capture_content_from_env"]
+__all__ = [
+    "INVALID_SPAN",
+    "MeterProvider",
+    "Span",
+    "Telemetry",
+    "TracerProvider",
+    "capture_content_from_env",
+]
 
 _logger = logging.getLogger("policyhook.telemetry")  # documented name; the module is private
 

@@ -25,9 +25,13 @@ from langgraph.runtime import Runtime
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from outage import store_down
+from test_telemetry import Otel
+from test_telemetry import telemetry as telemetry  # the fixture
 
 from policyhook import Guard, MemoryStore, UnsafeRecompactionError, remedies
 from policyhook._loader import compile_sources
+from policyhook._telemetry import STORE_ERRORS
 from policyhook.adapters.langchain import GuardedSummarizationMiddleware
 from policyhook.testing import capture_decisions
 
@@ -144,6 +148,41 @@ class TestGuardedSummarizationMiddleware:
         with capture_decisions(guard, phase="input") as later:
             _ask(agent, config, "q6", "q7", "q8")
         assert later == []
+
+    def test_the_store_down_never_breaks_the_agent(self, telemetry: Otel) -> None:
+        """The store down at the next trigger: recording the messages fails (logged, counted),
+        the summary of the summary is refused (every source dead) and no remedy can archive,
+        so the agent's turns go on with every message kept. Once the store answers again, the
+        next trigger summarizes as before."""
+        guard = telemetry.guard()
+        agent, config = _agent(guard)
+        before = _first_pass(agent, config)
+        with store_down(guard.store), capture_decisions(guard, phase="input") as seen:
+            during = _ask(agent, config, "q4", "q5")
+        assert [(d.effect, a["region"]["depth"]) for d, a in seen] == [("deny", 1)]
+        assert [m.id for m in during[: len(before)]] == [m.id for m in before]  # kept
+        assert [m.content for m in during[len(before) :]] == ["q4", "answer 4", "q5", "answer 5"]
+        assert telemetry.total(STORE_ERRORS, operation="put_source") >= 1
+        with capture_decisions(guard, phase="input") as later:
+            after = _ask(agent, config, "q6")
+        assert [(d.effect, a["region"]["depth"]) for d, a in later] == [("allow", 1)]
+        assert after[0].content == PREFIX + SUMMARIES[1]
+
+    def test_the_store_down_at_the_first_trigger_keeps_the_originals(self) -> None:
+        """The store down at the first trigger: a message the guard cannot look up may be a
+        summary another process recorded, so it counts as one resting on dead sources and the
+        pass is refused (fail closed); the agent goes on with every message. Once the store
+        answers again, the next trigger summarizes the originals."""
+        guard = Guard()
+        agent, config = _agent(guard)
+        with store_down(guard.store), capture_decisions(guard, phase="input") as seen:
+            during = _first_pass(agent, config)
+        assert [d.effect for d, _ in seen] == ["deny"]
+        assert [m.content for m in during[:2]] == ["q0: read config", "answer 0"]
+        assert not any(SUMMARIES[0] in str(m.content) for m in during)
+        after = _ask(agent, config, "q4")
+        assert after[0].content == PREFIX + SUMMARIES[0]
+        assert guard.ledger.resolve(SUMMARIES[0], "thread-1").region.depth == 1
 
     def test_refusal_is_traced_and_logged(self, caplog: pytest.LogCaptureFixture) -> None:
         """The refusal leaves a policyhook.guard span with status ERROR and a warning log line."""

@@ -18,6 +18,7 @@ from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
 from langmem.short_term import RunningSummary  # type: ignore[import-untyped]
 from langmem.short_term import summarize_messages as langmem_summarize
+from outage import store_down
 
 from policyhook import Guard, MemoryStore, UnsafeRecompactionError, remedies
 from policyhook._loader import compile_sources
@@ -120,6 +121,33 @@ class TestSummarizeMessages:
         assert texts[0] == f"Summary of the conversation so far: {SUMMARIES[0]}"
         assert texts[1:] == ["question 2", "answer 2", "question 3", "answer 3"]
         assert not any(SUMMARIES[1] in str(t) for t in texts)
+
+    @pytest.mark.parametrize("run", ["sync", "async"])
+    def test_the_store_down_keeps_the_running_summary_and_the_agent_going(self, run: str) -> None:
+        """The store down when the next turns are folded in: recording them fails (logged),
+        extending the summary is refused (every source dead) and no remedy can archive, so
+        the running summary and every message stay as they are, as with `remedy=False`, and
+        nothing raises. Once the store answers again, the summary is extended as before."""
+        chat = Conversation(Guard())
+        chat.say(2)
+        first = chat.summary
+        chat.messages += [HumanMessage("question 2", id="h2"), AIMessage("answer 2", id="a2")]
+        chat.messages += [HumanMessage("question 3", id="h3"), AIMessage("answer 3", id="a3")]
+        arguments: dict[str, Any] = {"running_summary": first, "model": chat.model, **OPTIONS}
+        arguments.update(window="chat-1")
+        with store_down(chat.guard.store), capture_decisions(chat.guard, phase="input") as seen:
+            if run == "sync":
+                result = summarize_messages(chat.messages, guard=chat.guard, **arguments)
+            else:
+                result = asyncio.run(
+                    asummarize_messages(chat.messages, guard=chat.guard, **arguments)
+                )
+        assert [(d.effect, a["region"]["depth"]) for d, a in seen] == [("deny", 1)]
+        assert result.running_summary is first
+        texts = [m.content for m in result.messages]
+        assert texts[1:] == ["question 2", "answer 2", "question 3", "answer 3"]
+        chat.summary, chat.turn = first, 4
+        assert chat.say(1).running_summary.summary == SUMMARIES[1]
 
     def test_raise_on_refusal(self) -> None:
         """raise_on_refusal=True surfaces the refusal as UnsafeRecompactionError."""

@@ -14,10 +14,14 @@ import deep
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from outage import store_down
+from test_telemetry import Otel
+from test_telemetry import telemetry as telemetry  # the fixture
 
 import policyhook
 from policyhook import Guard, MemoryStore, UnsafeRecompactionError
 from policyhook._demo import run as run_demo
+from policyhook._telemetry import STORE_ERRORS
 from policyhook.testing import capture_decisions
 
 CONFIG = "config read: retry_ceiling = 7 (agent.yaml)"
@@ -292,6 +296,35 @@ spec:
         out = summarize(CONFIG)  # depth 0: allowed even with the store down
         with pytest.raises(UnsafeRecompactionError, match="live-sources"):
             summarize(out)
+
+    def test_try_record_source_goes_on_when_the_store_cannot_take_the_text(
+        self, telemetry: Otel, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """`try_record_source` (what the adapters record the messages a summary replaces
+        with): the store failing is logged without the text, counted, and None returned; the
+        text is then content no store holds, so a summary made of it is refused once the
+        store is back (it rests on nothing held). The store up: the source, as recorded."""
+        guard = telemetry.guard()
+        with store_down(guard.store), caplog.at_level("WARNING", logger="policyhook"):
+            assert guard.try_record_source(CONFIG, "config_read", "cfg") is None
+        assert CONFIG not in caplog.text and "store put_source failed" in caplog.text
+        assert telemetry.total(STORE_ERRORS, operation="put_source") == 1
+        assert guard.store.get_source("cfg") is None
+        summary = guard(lambda text: "a summary of the unrecorded config", summarizer="s")(CONFIG)
+        with pytest.raises(UnsafeRecompactionError, match="live-sources"):
+            guard(lambda text: "never", summarizer="s")(summary)
+        source = guard.try_record_source(CONFIG, "config_read", "cfg")
+        assert source is not None and source.id == "cfg" and guard.store.get_source("cfg")
+
+    def test_try_record_source_raises_the_callers_own_errors(self) -> None:
+        """An id naming another text, or a text that is not a str, is the caller's mistake,
+        not the store's: raised as by `record_source`, with the store up or not."""
+        guard = Guard()
+        guard.record_source(CONFIG, "config_read", "cfg")
+        with pytest.raises(policyhook.SourceIdConflictError):
+            guard.try_record_source("another text", "config_read", "cfg")
+        with pytest.raises(TypeError):
+            guard.try_record_source(b"bytes", "config_read")  # type: ignore[arg-type]
 
     def test_archive_originals_keeps_unregistered_content_live(self) -> None:
         """archive_originals=True stores unrecognised originals, so their summaries stay derivable."""

@@ -29,6 +29,7 @@ from typing import Any
 
 import deep
 import pytest
+from outage import one_fault, store_down
 
 if not os.environ.get("CI"):  # in CI the adapters extra must be installed: fail, do not skip
     pytest.importorskip("langchain.agents.middleware")
@@ -147,7 +148,8 @@ class Loop(RuleBasedStateMachine):
     def held(self) -> set[str]:
         """What the store can give back: the originals' texts, and each remedy's pointer."""
         held = set()
-        for source, text in self.store.sources(1_000_000):
+        # (the store's class method: the truth, read past a fault the machine put on the store)
+        for source, text in type(self.store).sources(self.store, 1_000_000):
             pointer = POINTER.search(text) if source.kind == remedies.POINTER_KIND else None
             held.add(text if pointer is None else f"pointer:{pointer[1]}")
         return held
@@ -180,6 +182,18 @@ class Loop(RuleBasedStateMachine):
     def turns(self, words: list[str]) -> None:
         for word in words:
             self.turn(word)
+
+    @rule(
+        words=st.lists(st.sampled_from(WORDS), min_size=1, max_size=4),
+        at=st.integers(min_value=0, max_value=40),
+    )
+    def turns_while_the_store_fails(self, words: list[str], at: int) -> None:
+        """Turns with the store down (`at` 0) or its `at`-th call failing: the agent goes on
+        (no turn raises: what the store could not take is decided as content no store holds),
+        and no summary of gone originals is made."""
+        with one_fault([self.store], at) if at else store_down(self.store):
+            for word in words:
+                self.turn(word)
 
     @rule(pick=st.one_of(st.integers(min_value=0, max_value=1_000), st.none()))
     def evict(self, pick: int | None) -> None:

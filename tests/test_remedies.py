@@ -14,13 +14,14 @@ import deep
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from outage import store_down
 from test_telemetry import Otel
 from test_telemetry import telemetry as telemetry  # the fixture
 
 import policyhook
 import policyhook._activation
 from policyhook import Region, remedies
-from policyhook._telemetry import REMEDIES, REMEDY_SPAN_NAME
+from policyhook._telemetry import REMEDIES, REMEDY_SPAN_NAME, STORE_ERRORS
 from policyhook.remedies import Escalation
 
 
@@ -323,6 +324,38 @@ class TestDecoratorRemedy:
         with pytest.raises(policyhook.UnsafeRecompactionError) as caught:
             summarize([s1])
         assert isinstance(caught.value.__cause__, OSError)
+
+    def test_a_store_down_leaves_the_refusal_standing_wherever_it_fails(self) -> None:
+        """The store down while the remedy reads what it needs (the region's sources, their
+        put order) as well as when it archives: the refusal is raised again, the same one,
+        never the store's error (an adapter catching refusals keeps its window)."""
+        guard = policyhook.Guard()
+        summarize = guard(Scripted(), summarizer="s", remedy=True)
+        s1 = seeded(guard, summarize)
+        guard.store.evict("cfg-42")
+        with store_down(guard.store), pytest.raises(policyhook.UnsafeRecompactionError) as caught:
+            summarize([s1])
+        assert isinstance(caught.value.__cause__, ConnectionError)
+        assert caught.value.rule == "live-sources"
+
+    def test_sources_that_cannot_be_read_back_still_leave_a_pin(self, telemetry: Otel) -> None:
+        """Only the reads failing (a replica gone, the writes still taken): no live source to
+        pin facts from, but the input is archived exactly behind the pointer, and counted."""
+        guard = telemetry.guard()
+        summarize = guard(Scripted(), summarizer="s", remedy=True)
+        s1 = seeded(guard, summarize)
+        guard.store.evict("cfg-42")
+        window = [s1, "user: status?"]
+        with store_down(guard.store, ["get_sources", "sources"]):
+            text = summarize(window)
+        assert text.startswith(remedies.POINTER_PREFIX)
+        assert "OPS-4821 [" not in text  # no live source read: no fact pinned
+        (ref,) = remedies.pointers(text)
+        assert guard.retrieve(ref) == window  # lossless all the same
+        assert telemetry.total(STORE_ERRORS, operation="get_sources") == 1
+        (span,) = telemetry.spans(REMEDY_SPAN_NAME)
+        assert span.attributes is not None
+        assert span.attributes["policyhook.store.error"] == "get_sources"
 
     def test_async_summarizers_get_the_same_remedies(self) -> None:
         """An async guarded summarizer with remedy=True returns the remedy's text too."""

@@ -221,7 +221,7 @@ class GuardedSummarizationMiddleware(SummarizationMiddleware[Any, Any]):
                 source_id = (
                     self.guard.text_id(f"langchain:{message.id}", text) if message.id else None
                 )
-                self.guard.record_source(text, message_kind(message), source_id)
+                self.guard.try_record_source(text, message_kind(message), source_id)
                 value.append(text)
                 continue
             prefix = self._summary_prefix

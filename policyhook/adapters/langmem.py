@@ -104,14 +104,17 @@ def summarize_messages(
     except UnsafeRecompactionError as refusal:
         if raise_on_refusal or not remedy:
             return _refused(refusal, raise_on_refusal, messages, running_summary, options)
-        remedied = guard.remedy(
-            refusal,
-            value,
-            summarize=lambda texts: _summary_of(model, texts, options),
-            budget_chars=_budget_chars(options),
-            summarizer=summarizer_name,
-            window=current.window,
-        )
+        try:
+            remedied = guard.remedy(
+                refusal,
+                value,
+                summarize=lambda texts: _summary_of(model, texts, options),
+                budget_chars=_budget_chars(options),
+                summarizer=summarizer_name,
+                window=current.window,
+            )
+        except UnsafeRecompactionError:  # no remedy could run (the store cannot archive)
+            return _refused(refusal, False, messages, running_summary, options)
         return _in_place(remedied, messages, running_summary, options)
 
 
@@ -149,14 +152,17 @@ async def asummarize_messages(
         async def rederive(texts: list[str]) -> str:
             return _text((await model.ainvoke(_prompt(texts, options))).content)
 
-        remedied = await guard.aremedy(
-            refusal,
-            value,
-            summarize=rederive,
-            budget_chars=_budget_chars(options),
-            summarizer=summarizer_name,
-            window=current.window,
-        )
+        try:
+            remedied = await guard.aremedy(
+                refusal,
+                value,
+                summarize=rederive,
+                budget_chars=_budget_chars(options),
+                summarizer=summarizer_name,
+                window=current.window,
+            )
+        except UnsafeRecompactionError:  # no remedy could run (the store cannot archive)
+            return _refused(refusal, False, messages, running_summary, options)
         return _in_place(remedied, messages, running_summary, options)
 
 
@@ -244,7 +250,7 @@ def _provenance(
             continue
         # One id per text: a message edited in place is a new source (see the langchain adapter).
         source_id = guard.text_id(f"langmem:{message.id}", text)
-        guard.record_source(text, message_kind(message), source_id)
+        guard.try_record_source(text, message_kind(message), source_id)
         value.append(text)
     return value
 
