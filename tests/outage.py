@@ -38,7 +38,8 @@ def store_down(store: Store, methods: Collection[str] = STORE_METHODS) -> Iterat
 def one_fault(stores: Sequence[Store], at: int) -> Iterator[list[str]]:
     """The `at`-th call of the store protocol, counted over every handle of `stores` (a call a
     store makes of its own methods too), raises ConnectionError, once: a dropped connection,
-    a timeout. Yields the names of the calls made, in order."""
+    a timeout; `at` 0, none (the calls counted only). Yields the names of the calls made, in
+    order."""
     calls: list[str] = []
 
     def faulty(method: Callable[..., Any], name: str) -> Callable[..., Any]:

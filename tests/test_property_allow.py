@@ -574,8 +574,9 @@ class Provenance(RuleBasedStateMachine):
                 got = summarize(units)
         except UnsafeRecompactionError:
             return
-        finally:  # written now, as before that guard's next read (docs/reliability.md): until
-            assert guard.ledger.write_unwritten() == 0  # then no other guard knows the output
+        finally:  # what the store could not take, written now as that guard's next read would
+            # (docs/reliability.md): until then, no other guard knows the output
+            assert guard.ledger.write_unwritten() == 0
         assert not self.must_refuse(found), ("granted", units, found)
         assert got == written
         if output.strip():
