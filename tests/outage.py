@@ -9,12 +9,13 @@ from typing import Any, NoReturn
 
 from policyhook import Store
 
-#: What a `Store` answers with (`policyhook._provenance.Store`, and the optional methods a
-#: store may offer): every one of them fails while `store_down` holds it down.
-STORE_METHODS = (
-    *(name for name, v in vars(Store).items() if callable(v) and not name.startswith("_")),
-    "put_source_hashed",
+#: Every operation of the Store protocol (tests/store_contract.py checks what each one does).
+OPERATIONS = sorted(
+    name for name in dir(Store) if not name.startswith("_") and callable(getattr(Store, name))
 )
+#: What a store answers with: the protocol's operations and the optional methods a store may
+#: offer. Every one of them fails while `store_down` holds it down.
+STORE_METHODS = (*OPERATIONS, "put_source_hashed")
 
 
 @contextlib.contextmanager

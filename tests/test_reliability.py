@@ -23,6 +23,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
+from outage import OPERATIONS
 
 import policyhook
 from policyhook import Guard, MemoryStore, SQLiteStore, UnsafeRecompactionError, decisionlog
@@ -88,14 +89,6 @@ class Faulty:
             return attribute(*args, **kwargs)
 
         return call
-
-
-#: Every operation of the Store protocol (tests/store_contract.py checks what each one does).
-OPERATIONS = sorted(
-    name
-    for name in dir(policyhook.Store)
-    if not name.startswith("_") and callable(getattr(policyhook.Store, name))
-)
 
 
 def stores(tmp_path: Path) -> dict[str, Callable[[], Any]]:
