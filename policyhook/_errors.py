@@ -14,10 +14,14 @@ class UnsafeRecompactionError(RuntimeError):
     """Raised instead of summarizing; the window it was asked to compact is left untouched.
 
     A RuntimeError because it is a refusal at run time, not a bug in the caller's arguments.
+    `store_failed` is True when the store could not answer while the guard decided: what it
+    could not read counted as dead, so the same input may be allowed once the store answers
+    again (an adapter must not remember such a refusal for good).
     """
 
-    def __init__(self, decision: Decision) -> None:
+    def __init__(self, decision: Decision, *, store_failed: bool = False) -> None:
         self.decision = decision
+        self.store_failed = store_failed
         super().__init__(str(self))
 
     @property

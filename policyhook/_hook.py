@@ -933,9 +933,12 @@ class Guard:
         live = resolution.live  # read with the provenance, the usual case
         sources = sources_of(region)  # (a rolling chain's k ids: not made into a set)
         if depth is None:  # the store is unreachable: every source dead
-            live = frozenset()
+            live = None
         elif live is None or not sources:
             live = self._live(resolution, span)
+        unanswered = live is None  # the store could not say: none held (fail closed)
+        if live is None:
+            live = frozenset()
         # `schema.build`'s activation, made directly (its keywords cost a tenth of the call's
         # own code): a Request's budget_pressure is a float already, as build would make it
         activation = schema.Activation(
@@ -963,7 +966,7 @@ class Guard:
         )
         effect = decision.effect
         if effect == _DENY:
-            refusal = UnsafeRecompactionError(decision)
+            refusal = UnsafeRecompactionError(decision, store_failed=unanswered)
             self._telemetry.refused(span, refusal)
             call._end("refused")
             raise refusal
@@ -989,11 +992,13 @@ class Guard:
         # process-wide index holds from other calls (that would make an invented number
         # unverifiable instead of ungrounded, and a finding depend on the cache); the live
         # sources are among them
+        failed = False  # a store read failing: a refusal that may not stand once it answers
         try:  # per-fact provenance of the input's summaries, recorded by any process
             recorded = self.store.facts(call._resolution.summaries)
             carried = grounding.carried(r for facts in recorded.values() for r in facts)
         except Exception as error:
             self._store_failed(call, "facts", error)
+            failed = True
             carried = None  # facts only an earlier summary stated have no source: refused
         # the input's own new content, and its dead sources back in it verbatim (found as those
         # sources or not: the cache's doing)
@@ -1003,6 +1008,7 @@ class Guard:
                 content += tuple((s.id, text) for s, text in call._returned_originals())
             except Exception as error:
                 self._store_failed(call, "lookup", error)  # they vouch for nothing
+                failed = True
         written = "\n".join(remedies.without_pointers(t) for t in texts)
         with self._grounding:  # the index is a bounded cache: fill, check, then trim, as one
             missing = [s for s in live if s not in self._facts]
@@ -1010,6 +1016,7 @@ class Guard:
                 fetched = self.store.get_sources(missing) if missing else {}
             except Exception as error:
                 self._store_failed(call, "get_sources", error)
+                failed = True
                 fetched = {}  # their facts stay unverifiable: nothing to check them against
             for source_id, text in fetched.items():
                 self._facts.add(source_id, text)
@@ -1028,7 +1035,7 @@ class Guard:
             call.decision, call._activation = decision, activation
         self._notify(decision, activation)
         if decision.effect == Effect.DENY:
-            refusal = UnsafeRecompactionError(decision)
+            refusal = UnsafeRecompactionError(decision, store_failed=failed)
             self._telemetry.refused(call._span, refusal)
             raise refusal
         if decision.effect == Effect.WOULD_DENY:
@@ -1128,9 +1135,9 @@ class Guard:
             self._telemetry.store_failed(span, "window_depth", error)
             return None
 
-    def _live(self, resolution: Resolution, span: Span) -> frozenset[str]:
+    def _live(self, resolution: Resolution, span: Span) -> frozenset[str] | None:
         """Sources the store holds now (read with the provenance when it could be: one round
-        trip); an unreachable store holds none (fail closed)."""
+        trip); None when the store cannot say (then it holds none: fail closed)."""
         region = resolution.region
         if not region.sources:
             return frozenset()
@@ -1147,7 +1154,7 @@ class Guard:
                 exc_info=True,
             )
             self._telemetry.store_failed(span, "live", error)
-            return frozenset()
+            return None
 
     def _tokens(self, value: Any) -> int:
         assert self.count_tokens is not None

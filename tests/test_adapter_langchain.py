@@ -149,6 +149,22 @@ class TestGuardedSummarizationMiddleware:
             _ask(agent, config, "q6", "q7", "q8")
         assert later == []
 
+    def test_a_refusal_the_store_caused_is_asked_again_without_remedy(self) -> None:
+        """remedy=False and the store down at a trigger: the pass is refused (it cannot be
+        decided) but not remembered, so once the store answers the next trigger summarizes
+        the summary, whose sources are all live: an outage does not stop compaction for good."""
+        guard = Guard()
+        agent, config = _agent(guard, remedy=False)
+        _first_pass(agent, config)
+        with store_down(guard.store), capture_decisions(guard, phase="input") as seen:
+            during = _ask(agent, config, "q4", "q5")
+        assert [(d.effect, a["region"]["depth"]) for d, a in seen] == [("deny", 1)]
+        assert not any(SUMMARIES[1] in str(m.content) for m in during)
+        with capture_decisions(guard, phase="input") as later:
+            after = _ask(agent, config, "q6")
+        assert [(d.effect, a["region"]["depth"]) for d, a in later] == [("allow", 1)]
+        assert after[0].content == PREFIX + SUMMARIES[1]
+
     def test_the_store_down_never_breaks_the_agent(self, telemetry: Otel) -> None:
         """The store down at the next trigger: recording the messages fails (logged, counted),
         the summary of the summary is refused (every source dead) and no remedy can archive,

@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
-from outage import OPERATIONS
+from outage import OPERATIONS, one_fault, store_down
 
 import policyhook
 from policyhook import Guard, MemoryStore, SQLiteStore, UnsafeRecompactionError, decisionlog
@@ -110,7 +110,8 @@ class TestStoreFaults:
         store.failing = True
         try:
             out = summarize(CONFIG)
-        except UnsafeRecompactionError:
+        except UnsafeRecompactionError as refusal:
+            assert refusal.store_failed  # an original refused: only for the store's failure
             out = None  # refused while the store could not answer: fail closed, nothing ran
         else:
             assert out == SUMMARY  # granted: the output is the caller's whatever the store did
@@ -120,8 +121,36 @@ class TestStoreFaults:
         store.evict("cfg-7")
         for failing in (True, False):
             store.failing = failing
-            with pytest.raises(UnsafeRecompactionError):
+            with pytest.raises(UnsafeRecompactionError) as refused:
                 summarize(out)
+        assert not refused.value.store_failed  # the store answered: the refusal stands
+
+    @pytest.mark.parametrize("kind", ["memory", "sqlite"])
+    def test_a_refusal_says_whether_the_store_failed(self, tmp_path: Path, kind: str) -> None:
+        """`store_failed` is what lets a caller ask again later: True on every refusal a store
+        fault caused (the store down, or any one call of the decision failing), False on one
+        the store answered (a source evicted)."""
+        store = stores(tmp_path)[kind]()
+        guard = Guard(store=store)
+        summarize = guard(summary_of, summarizer="s")
+        guard.record_source(CONFIG, "config_read", "cfg-7")
+        summary = summarize(CONFIG)
+        with store_down(store), pytest.raises(UnsafeRecompactionError) as refused:
+            summarize(summary)
+        assert refused.value.store_failed
+        with one_fault([store], at=0) as calls:
+            summarize(summary)  # allowed: every source live
+        assert calls  # the decision reads the store
+        for at in range(1, len(calls) + 1):
+            with one_fault([store], at) as made:
+                try:
+                    summarize(summary)
+                except UnsafeRecompactionError as refusal:
+                    assert refusal.store_failed, made[at - 1]
+        store.evict("cfg-7")
+        with pytest.raises(UnsafeRecompactionError) as refused:
+            summarize(summary)
+        assert not refused.value.store_failed
 
     @pytest.mark.parametrize("kind", ["memory", "sqlite"])
     @pytest.mark.parametrize("operation", OPERATIONS)

@@ -19,8 +19,8 @@ goes through, `_create_summary(messages_to_summarize)`, and runs it inside `Guar
    messages with their exact facts pinned (the agent gets a `retrieve_context` tool to read them
    back), or a summary re-derived from the live originals. Nothing is lost: every original is in
    the state or the store. With `remedy=False` the state is kept as it is instead, and the same
-   refused summary is not put to the guard again (no refusal loop); `raise_on_refusal=True`
-   raises instead.
+   refused summary is not put to the guard again (no refusal loop; a refusal the store's
+   failure caused is asked again at the next trigger); `raise_on_refusal=True` raises instead.
 
 Requires `langchain>=1.0,<2` (the `_create_summary` / `_acreate_summary` seam).
 """
@@ -196,7 +196,10 @@ class GuardedSummarizationMiddleware(SummarizationMiddleware[Any, Any]):
     # -- refusals without a remedy: never the same one twice ------------------------------------
 
     def _remember(self, refusal: UnsafeRecompactionError, messages: Sequence[AnyMessage]) -> None:
-        """Keep the refused summaries' ids: the next trigger must not ask again about them."""
+        """Keep the refused summaries' ids: the next trigger must not ask again about them. Not
+        when the store could not answer: once it does, the same summary may be allowed."""
+        if refusal.store_failed:
+            return
         self._refused.update(m.id for m in messages if _is_summary(m) and m.id)
 
     def _known_refused(self, state: Any) -> bool:
