@@ -345,11 +345,12 @@ def _guard(condition: str) -> Guard | None:
         return None
     if condition not in ("gate+grounding", "everything"):
         return Guard()
-    folder = Path(tempfile.mkdtemp(prefix="policyhook-fidelity-"))
     default = resources.files("policyhook").joinpath("default_policy.yaml").read_text("utf-8")
-    (folder / "default.yaml").write_text(default, encoding="utf-8")
-    (folder / "grounding.yaml").write_text(GROUNDING_POLICY, encoding="utf-8")
-    return Guard(policyhook.load(folder))
+    with tempfile.TemporaryDirectory(prefix="policyhook-fidelity-") as name:  # read once: gone
+        folder = Path(name)
+        (folder / "default.yaml").write_text(default, encoding="utf-8")
+        (folder / "grounding.yaml").write_text(GROUNDING_POLICY, encoding="utf-8")
+        return Guard(policyhook.load(folder))
 
 
 def _behind(guard: Guard | None, window: Sequence[str]) -> list[str]:

@@ -7,6 +7,7 @@ each condition; these tests assert what the harness demonstrates (docs/fidelity.
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,14 @@ class TestHarness:
         other = fidelity.Config(seed=QUICK.seed + 1, turns=QUICK.turns)
         assert fidelity.transcript(1, 8, 20, 300) != fidelity.transcript(2, 8, 20, 300)
         assert fidelity.run("no-gate", "lossy", other) != fidelity.run("no-gate", "lossy", QUICK)
+
+    def test_a_run_leaves_no_file_behind(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The grounding conditions load their policies from a temporary folder, then drop it."""
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+        fidelity.run("gate+grounding", "lossy", fidelity.Config(turns=10))
+        assert list(tmp_path.iterdir()) == []
 
     def test_the_ungated_baseline_loses_and_invents_facts(
         self, results: dict[tuple[str, str], fidelity.Run]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -102,6 +103,7 @@ def main() -> int:
     finally:
         reloader.close()
         telemetry.shutdown()
+        shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 

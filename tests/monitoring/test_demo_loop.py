@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,8 +14,9 @@ from test_telemetry import OtlpReceiver  # the loopback OTLP/HTTP receiver the t
 
 
 class TestDemoLoop:
-    def test_exports_decisions_over_otlp(self, compose: dict[str, Any]) -> None:
-        """collector/demo/loop.py, as compose runs it, exports spans and all metrics via OTLP."""
+    def test_exports_decisions_over_otlp(self, compose: dict[str, Any], tmp_path: Path) -> None:
+        """collector/demo/loop.py, as compose runs it, exports spans and all metrics via OTLP,
+        and leaves no file behind (its policy folder is a temporary one)."""
         pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
         from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
             ExportMetricsServiceRequest,
@@ -33,6 +35,7 @@ class TestDemoLoop:
                 "OTEL_METRIC_EXPORT_INTERVAL": "60000",  # one export, at shutdown
                 "POLICYHOOK_DEMO_PASSES": "3",
                 "POLICYHOOK_DEMO_INTERVAL": "0",
+                "TMPDIR": str(tmp_path),
                 "PYTHONPATH": os.pathsep.join(
                     [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
                 ),
@@ -49,6 +52,7 @@ class TestDemoLoop:
         finally:
             sink.close()
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        assert list(tmp_path.iterdir()) == []
         metric_names: set[str] = set()
         services: set[str] = set()
         decisions: set[str] = set()

@@ -145,7 +145,7 @@ SPANS_MARKER = "# -- spans --"
 
 
 @pytest.fixture(scope="module")
-def emitted() -> tuple[str, list[dict[str, Any]]]:
+def emitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict[str, Any]]]:
     """Real decisions through policyhook: (Prometheus exposition text, finished spans)."""
     pytest.importorskip("opentelemetry.exporter.prometheus")
     pytest.importorskip("opentelemetry.sdk")
@@ -154,6 +154,7 @@ def emitted() -> tuple[str, list[dict[str, Any]]]:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "TMPDIR": str(tmp_path_factory.mktemp("emit")),  # the script's policy folder: pytest's
     }
     result = subprocess.run(
         [sys.executable, "-c", EMIT_SCRIPT],
