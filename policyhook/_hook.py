@@ -46,9 +46,9 @@ from policyhook._provenance import (
     Source,
     SourceIdConflictError,
     sources_of,
-    text_id,
 )
 from policyhook._reload import PolicyWatcher
+from policyhook._spool import Spool
 from policyhook._telemetry import INVALID_SPAN, MeterProvider, Span, Telemetry, TracerProvider
 from policyhook.decisionlog import DecisionLog, Outcome
 from policyhook.remedies import Escalation, Remedied
@@ -398,8 +398,13 @@ class Guard:
         escalation: Escalation | None = None,
         pin_limit: int = 40,
         cite_sources: bool = False,
+        spool: Store | None = None,
     ) -> None:
         self.store: Store = store if store is not None else MemoryStore()
+        if spool is not None and spool is self.store:
+            raise ValueError('"spool" must be another store than "store" (a local SQLiteStore)')
+        #: Where remedies archive while the store refuses writes (see `policyhook._spool`).
+        self._spool = None if spool is None else Spool(spool)
         self.escalation = escalation
         self.pin_limit = pin_limit
         self.ledger = Ledger(self.store, max_texts=max_texts, max_windows=max_windows)
@@ -453,9 +458,11 @@ class Guard:
 
     def close(self) -> None:
         """Stop following policy files, write what the store still lacks (summaries whose write
-        failed, if it is back) and close the decision log."""
+        failed, archives in the spool, if it is back) and close the decision log."""
         if self._watcher is not None:
             self._watcher.stop()
+        if self._spool is not None and self._spool.holding:
+            self._spool.move(self._unspool)
         owed = self.ledger.write_unwritten()
         if owed:
             _logger.warning(
@@ -517,7 +524,11 @@ class Guard:
         `depth > 0` means the guard recognises it as a summary it recorded: adapters use this to
         tell a known summary from one made before the guard was installed.
         """
-        return self.ledger.resolve(value, window or current_request().window).region
+        window = window or current_request().window
+        resolution = self.ledger.resolve(value, window)
+        if self._spool is not None and self._unspooled(resolution):
+            resolution = self.ledger.resolve(value, window)
+        return resolution.region
 
     # -- the seam: one guarded call -------------------------------------------------------------
 
@@ -733,8 +744,17 @@ class Guard:
         """The texts an offload archived under `ref`, exactly as they were.
 
         A KeyError when the store no longer holds them (evicted, expired, or never offloaded).
+        An archive the store could not take is read from the spool until it is moved; with the
+        store failing, what the spool lacks raises the store's error.
         """
-        payload = self.store.get_source(ref)
+        try:
+            payload = self.store.get_source(ref)
+        except Exception:
+            payload = None if self._spool is None else self._spool.get(ref)
+            if payload is None:
+                raise
+        if payload is None and self._spool is not None:
+            payload = self._spool.get(ref)
         if payload is None:
             raise KeyError(
                 f"no offloaded region {ref!r} in the store (evicted, expired or unknown)"
@@ -812,12 +832,49 @@ class Guard:
         """Archive `texts` under a keyed ref; the pointer standing in for them is recorded as
         original evidence resting on that ref's own source, so it may be summarized later."""
         payload = remedies.archive_payload(texts)
-        ref = text_id("offload", payload, self.store.secret())
-        self.store.put_source(Source(ref, remedies.OFFLOAD_KIND), payload)
+        ref = self.ledger.text_id("offload", payload)  # (keyed with the store's secret)
+        archive = Source(ref, remedies.OFFLOAD_KIND)
         pointer = remedies.pointer_text(ref, texts, pinned)
-        # Its id is derived from its text (the same archive pinned otherwise is another text).
-        self.ledger.record_source(pointer, remedies.POINTER_KIND)
+        try:
+            self.store.put_source(archive, payload)
+            # Its id is derived from its text (the same archive pinned otherwise is another text).
+            self.ledger.record_source(pointer, remedies.POINTER_KIND)
+        except SourceIdConflictError:
+            raise
+        except Exception as error:
+            if self._spool is None:
+                raise
+            # The store refuses writes: both into the spool (which raising, the refusal stands),
+            # moved to the store once it answers (`_unspool`)
+            self._spool.put(archive, payload)
+            pointer_id = self.ledger.text_id(remedies.POINTER_KIND, pointer)
+            self._spool.put(Source(pointer_id, remedies.POINTER_KIND), pointer)
+            _logger.warning(
+                "policyhook: store put_source failed; archive %s kept in the spool until the "
+                "store answers",
+                ref,
+                exc_info=True,
+            )
+            self._telemetry.store_failed(INVALID_SPAN, "put_source", error)
         return ref, pointer
+
+    def _unspooled(self, resolution: Resolution) -> bool:
+        """Once the store answers a read, what an outage left in the spool goes to it; True
+        when something moved (then the input is read again: a pointer in it is known now)."""
+        assert self._spool is not None
+        return (
+            self._spool.holding
+            and resolution.failure is None
+            and self._spool.move(self._unspool) > 0
+        )
+
+    def _unspool(self, source: Source, text: str) -> None:
+        """Write one spooled entry to the store as `_offload` would have: the archive as it is,
+        the pointer as original evidence through the ledger."""
+        if source.kind == remedies.OFFLOAD_KIND:
+            self.store.put_source(source, text)
+        else:
+            self.ledger.record_source(text, source.kind, source.id)
 
     def _escalation(self) -> Escalation:
         assert self.escalation is not None  # the plan asks only when one is configured
@@ -928,6 +985,8 @@ class Guard:
         started = time.perf_counter()
         units = _shapes.read(value, keep=(Region,))  # read once: resolved, then seen by record
         resolution = self.ledger.resolve_units(units, req.window)
+        if self._spool is not None and self._unspooled(resolution):
+            resolution = self.ledger.resolve_units(units, req.window)
         region = resolution.region
         depth = self._window_depth(req.window, span)
         live = resolution.live  # read with the provenance, the usual case

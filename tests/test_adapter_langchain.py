@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,7 +30,7 @@ from outage import store_down
 from test_telemetry import Otel
 from test_telemetry import telemetry as telemetry  # the fixture
 
-from policyhook import Guard, MemoryStore, UnsafeRecompactionError, remedies
+from policyhook import Guard, MemoryStore, SQLiteStore, UnsafeRecompactionError, remedies
 from policyhook._loader import compile_sources
 from policyhook._telemetry import STORE_ERRORS
 from policyhook.adapters.langchain import GuardedSummarizationMiddleware
@@ -349,6 +350,33 @@ class TestRemedies:
         assert tool.name == "retrieve_context"
         assert SUMMARIES[0] in tool.invoke({"ref": ref})
         assert "cannot retrieve" in tool.invoke({"ref": "offload:unknown"})
+
+    def test_with_a_spool_the_store_down_still_leaves_the_state_in_budget(
+        self, tmp_path: Path
+    ) -> None:
+        """The store down at the second trigger, the guard given a local spool: the pass is
+        refused (it cannot be decided), the pin is archived in the spool and its pointer takes
+        the messages' place in the same step; `retrieve_context` reads them back meanwhile;
+        once the store answers, the next trigger summarizes the pointer with the new turns."""
+        guard = Guard(spool=SQLiteStore(tmp_path / "spool.db"))
+        agent, config = _agent(guard)
+        before = _first_pass(agent, config)
+        with store_down(guard.store):
+            during = _ask(agent, config, "q4", "q5")
+            pointer = str(during[0].content)
+            (ref,) = remedies.pointers(pointer)
+            (tool,) = GuardedSummarizationMiddleware(
+                FakeListChatModel(responses=[]), guard=guard
+            ).tools
+            assert SUMMARIES[0] in tool.invoke({"ref": ref})
+        assert pointer.startswith(PREFIX + "[policyhook offload offload:")
+        assert len(during) < len(before) + 4  # back under the trigger, in the same step
+        with capture_decisions(guard, phase="input") as seen:
+            after = _ask(agent, config, "q6", "q7", "q8")
+        assert [(d.effect, a["region"]["depth"]) for d, a in seen] == [("allow", 0)]
+        summary = str(after[0].content)
+        assert summary.startswith(PREFIX + SUMMARIES[1]) and ref in summary  # carried forward
+        assert guard.store.get_source(ref) is not None  # moved to the store
 
     def test_the_pointer_is_evidence_the_next_pass_may_summarize(self) -> None:
         """After a remedy, the next trigger summarizes the pointer and new turns: allowed."""

@@ -15,12 +15,21 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import servers
 
-from policyhook import Guard, PostgresStore, RedisStore, Source, StoreUnavailableError
+from policyhook import (
+    Guard,
+    PostgresStore,
+    RedisStore,
+    Source,
+    SQLiteStore,
+    StoreUnavailableError,
+    remedies,
+)
 from policyhook.stores import Store
 
 CONFIG = "config/agent.yaml: retry_ceiling: 7  # max retries for flaky tool calls"
@@ -214,6 +223,38 @@ class TestCrash:
         fresh = Guard(store=again)  # another worker, nothing cached
         decision = fresh.check(out, summarizer="compact")
         assert (decision.effect, decision.depth) == ("allow", 1)
+
+
+class TestTheSpool:
+    def test_a_killed_server_still_leaves_the_window_in_budget(
+        self, running: servers.Restartable, make: Callable[..., Store], tmp_path: Path
+    ) -> None:
+        """The server killed: the pass cannot be decided and is refused, and the remedy archives
+        in the worker's local spool: the pointer takes the region's place and the archive reads
+        back meanwhile. Restarted: the next decision moves the spool to the server, where
+        another worker reads the archive and takes the pointer for original evidence."""
+        name = f"spool_{next(_names)}"
+        spool = SQLiteStore(tmp_path / "spool.db")
+        guard = Guard(store=make(name, timeout=1.0), spool=spool)
+        guard.record_source(CONFIG, kind="config_read", source_id="cfg-retry-ceiling")
+        summarize = guard(lambda texts: SUMMARY, summarizer="compact", remedy=True)
+        summary = summarize([CONFIG])
+        region = [summary, "user: the deploy timed out again, page the on-call"]
+
+        running.kill()
+        pointer = summarize(region)
+        [ref] = remedies.pointers(pointer)
+        assert guard.retrieve(ref) == region
+        assert len(pointer) < 300 and len(spool.sources(10)) == 2
+
+        running.start()
+        guard.check("user: and now?", summarizer="compact")
+        assert spool.sources(10) == []
+        other = Guard(store=make(name))  # another worker, nothing cached
+        assert other.retrieve(ref) == region
+        assert other.provenance(pointer).source_kinds == {remedies.POINTER_KIND}
+        assert other.check(pointer, summarizer="compact").allowed
+        spool.close()
 
 
 class TestWithoutTheExtras:

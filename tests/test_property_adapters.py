@@ -20,6 +20,7 @@ refuse. Fixed budgets, derandomized: CI stays bounded.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import re
 import tempfile
@@ -93,6 +94,8 @@ class RecordingSummarizer(FakeListChatModel):
 class Loop(RuleBasedStateMachine):
     """An agent's life through one adapter; subclasses say how a turn reaches the summarizer."""
 
+    BUDGET: int  # the most messages the model is given at a turn: the adapter's trigger
+
     def __init__(self) -> None:
         super().__init__()
         self.directory = tempfile.TemporaryDirectory()
@@ -102,12 +105,20 @@ class Loop(RuleBasedStateMachine):
         self.made_from: dict[str, frozenset[str]] = {}  # summary -> originals it rests on
         self.notes: set[str] = set()  # remedies' texts: recorded as sources
         self.violations: list[str] = []
+        self.spools: list[SQLiteStore] = []
+        self.window = 0  # messages the model was given at the last turn
 
-    @initialize(remedy=st.booleans(), max_texts=st.sampled_from([64, 65_536]), sqlite=st.booleans())
-    def start(self, remedy: bool, max_texts: int, sqlite: bool) -> None:
+    @initialize(
+        remedy=st.booleans(),
+        max_texts=st.sampled_from([64, 65_536]),
+        sqlite=st.booleans(),
+        spool=st.booleans(),
+    )
+    def start(self, remedy: bool, max_texts: int, sqlite: bool, spool: bool) -> None:
         self.remedy = remedy
         self.max_texts = max_texts
         self.sqlite = sqlite
+        self.spool = spool
         self._new_agent()
 
     def _new_agent(self) -> None:
@@ -117,7 +128,13 @@ class Loop(RuleBasedStateMachine):
             if isinstance(self.store, SQLiteStore):
                 self.store.close()
             self.store = SQLiteStore(Path(self.directory.name) / "store.db")
-        self.guard = Guard(store=self.store, max_texts=self.max_texts)
+        spool = None
+        if self.spool:  # the same file across restarts: what one process spooled, the next moves
+            spool = SQLiteStore(Path(self.directory.name) / "spool.db")
+            self.spools.append(spool)
+        self.guard = Guard(store=self.store, max_texts=self.max_texts, spool=spool)
+        if spool is not None:  # the store back, the next call moves it: no waiting
+            self.guard._spool._clock = lambda: math.inf  # type: ignore[union-attr]
         self.guard.add_listener(self._decided)
         self.summarizer = RecordingSummarizer(responses=["unused"], machine=self)
         self._restarted()
@@ -135,6 +152,11 @@ class Loop(RuleBasedStateMachine):
     def turn(self, word: str) -> None:
         """One question and its answer; the adapter summarizes when its trigger says so."""
         raise NotImplementedError
+
+    def in_budget(self) -> None:
+        """Every refusal has a way forward that keeps the window in budget: the model is never
+        given more messages than the adapter's trigger lets through."""
+        assert self.window <= self.BUDGET, f"{self.window} messages, over {self.BUDGET}"
 
     def summary_in_place(self, text: str) -> None:
         """The conversation now holds `text` where a summary goes: a remedy's note, unless the
@@ -182,10 +204,12 @@ class Loop(RuleBasedStateMachine):
     def turns(self, words: list[str]) -> None:
         for word in words:
             self.turn(word)
+            if self.remedy:
+                self.in_budget()
 
     @rule(
         words=st.lists(st.sampled_from(WORDS), min_size=1, max_size=4),
-        at=st.integers(min_value=0, max_value=40),
+        at=st.one_of(st.just(0), st.integers(min_value=1, max_value=40)),  # 0: down, half
     )
     def turns_while_the_store_fails(self, words: list[str], at: int) -> None:
         """Turns with the store down (`at` 0) or its `at`-th call failing: the agent goes on
@@ -194,6 +218,8 @@ class Loop(RuleBasedStateMachine):
         with one_fault([self.store], at) if at else store_down(self.store):
             for word in words:
                 self.turn(word)
+                if self.spool and self.remedy:  # through the outage too
+                    self.in_budget()
 
     @rule(pick=st.one_of(st.integers(min_value=0, max_value=1_000), st.none()))
     def evict(self, pick: int | None) -> None:
@@ -213,12 +239,16 @@ class Loop(RuleBasedStateMachine):
     def teardown(self) -> None:
         if isinstance(self.store, SQLiteStore):
             self.store.close()
+        for spool in self.spools:
+            spool.close()
         self.directory.cleanup()
 
 
 class LangChainLoop(Loop):
     """Through `create_agent` with `GuardedSummarizationMiddleware` (summarize at 6 messages,
     keep 2), one LangGraph thread in a checkpointer that outlives restarts."""
+
+    BUDGET = 6  # the trigger: at 6 messages before the model call, summarized
 
     def __init__(self) -> None:
         super().__init__()
@@ -245,6 +275,7 @@ class LangChainLoop(Loop):
         question = f"question {next(self.counter):05d} about {word}"
         self.originals.add(question)
         out = self.agent.invoke({"messages": [HumanMessage(question)]}, self.config)
+        self.window = len(out["messages"])
         for message in out["messages"]:
             text = str(message.content)
             if message.additional_kwargs.get("lc_source") == "summarization":
@@ -256,6 +287,8 @@ class LangChainLoop(Loop):
 class LangmemLoop(Loop):
     """Through langmem's running summary (`policyhook.adapters.langmem.summarize_messages`): one
     token per message, summarized once 4 new messages piled up."""
+
+    BUDGET = 4  # max_tokens_before_summary, one token a message
 
     def __init__(self) -> None:
         super().__init__()
@@ -283,6 +316,7 @@ class LangmemLoop(Loop):
             token_counter=lambda messages: len(list(messages)),
         )
         self.running = result.running_summary
+        self.window = len(result.messages)
         if self.running is not None:
             self.summary_in_place(self.running.summary)
 
