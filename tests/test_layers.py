@@ -34,6 +34,7 @@ LAYERS: dict[str, int] = {
     "policyhook.stores": 3,
     "policyhook._postgres": 3,
     "policyhook._redis": 3,
+    "policyhook._spool": 3,
     # the policy engine
     "policyhook._activation": 4,
     "policyhook._policy": 4,
