@@ -503,14 +503,14 @@ class Guard:
         except (SourceIdConflictError, TypeError):
             raise
         except Exception as error:
-            _logger.warning(
-                "policyhook: store put_source failed; the %s text is decided as content no "
-                "store holds (dead)",
-                kind,
-                exc_info=True,
-            )
-            self._telemetry.store_failed(INVALID_SPAN, "put_source", error)
+            self._put_failed(error, "the %s text is decided as content no store holds (dead)", kind)
             return None
+
+    def _put_failed(self, error: Exception, outcome: str, *args: object) -> None:
+        """A source the store could not take, outside a call's span: logged with what became
+        of it (never its text) and counted."""
+        _logger.warning(f"policyhook: store put_source failed; {outcome}", *args, exc_info=True)
+        self._telemetry.store_failed(INVALID_SPAN, "put_source", error)
 
     def text_id(self, prefix: str, text: str) -> str:
         """`prefix:<keyed digest of text>`: the same in every process sharing the store, and no
@@ -849,13 +849,7 @@ class Guard:
             self._spool.put(archive, payload)
             pointer_id = self.ledger.text_id(remedies.POINTER_KIND, pointer)
             self._spool.put(Source(pointer_id, remedies.POINTER_KIND), pointer)
-            _logger.warning(
-                "policyhook: store put_source failed; archive %s kept in the spool until the "
-                "store answers",
-                ref,
-                exc_info=True,
-            )
-            self._telemetry.store_failed(INVALID_SPAN, "put_source", error)
+            self._put_failed(error, "archive %s kept in the spool until the store answers", ref)
         return ref, pointer
 
     def _unspooled(self, resolution: Resolution) -> bool:
