@@ -288,7 +288,7 @@ class LangmemLoop(Loop):
     """Through langmem's running summary (`policyhook.adapters.langmem.summarize_messages`): one
     token per message, summarized once 4 new messages piled up."""
 
-    BUDGET = 4  # max_tokens_before_summary, one token a message
+    BUDGET = 6  # max_tokens, one token a message: langmem's bound on what it returns
 
     def __init__(self) -> None:
         super().__init__()
