@@ -506,11 +506,13 @@ class Guard:
             self._put_failed(error, "the %s text is decided as content no store holds (dead)", kind)
             return None
 
-    def _put_failed(self, error: Exception, outcome: str, *args: object) -> None:
-        """A source the store could not take, outside a call's span: logged with what became
-        of it (never its text) and counted."""
+    def _put_failed(
+        self, error: Exception, outcome: str, *args: object, span: Span = INVALID_SPAN
+    ) -> None:
+        """A source the store could not take: logged with what became of it (never its text),
+        counted, and marked on `span` (a remedy's) if there is one."""
         _logger.warning(f"policyhook: store put_source failed; {outcome}", *args, exc_info=True)
-        self._telemetry.store_failed(INVALID_SPAN, "put_source", error)
+        self._telemetry.store_failed(span, "put_source", error)
 
     def text_id(self, prefix: str, text: str) -> str:
         """`prefix:<keyed digest of text>`: the same in every process sharing the store, and no
@@ -779,7 +781,7 @@ class Guard:
                 situation = self._situation(
                     refusal, value, can_summarize, budget_chars, window, span
                 )
-                run = _RemedyRun(remedies.plan(situation, self._offload))
+                run = _RemedyRun(remedies.plan(situation, functools.partial(self._offload, span)))
                 yield run
             except Exception as error:
                 self._remedy_failed(refusal, error, summarizer, span)
@@ -828,7 +830,9 @@ class Guard:
         rank = {source.id: i for i, (source, _) in enumerate(recent)}
         return sorted(ids, key=lambda s: (rank.get(s, len(rank)), s))
 
-    def _offload(self, texts: Sequence[str], pinned: Sequence[remedies.Pinned]) -> tuple[str, str]:
+    def _offload(
+        self, span: Span, texts: Sequence[str], pinned: Sequence[remedies.Pinned]
+    ) -> tuple[str, str]:
         """Archive `texts` under a keyed ref; the pointer standing in for them is recorded as
         original evidence resting on that ref's own source, so it may be summarized later."""
         payload = remedies.archive_payload(texts)
@@ -849,7 +853,9 @@ class Guard:
             self._spool.put(archive, payload)
             pointer_id = self.ledger.text_id(remedies.POINTER_KIND, pointer)
             self._spool.put(Source(pointer_id, remedies.POINTER_KIND), pointer)
-            self._put_failed(error, "archive %s kept in the spool until the store answers", ref)
+            self._put_failed(
+                error, "archive %s kept in the spool until the store answers", ref, span=span
+            )
         return ref, pointer
 
     def _unspooled(self, resolution: Resolution) -> bool:

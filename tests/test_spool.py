@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 from outage import STORE_METHODS, one_fault, store_down
+from test_telemetry import Otel
+from test_telemetry import telemetry as telemetry  # the fixture
 
 from policyhook import (
     Guard,
@@ -25,6 +27,7 @@ from policyhook import (
     _spool,
     remedies,
 )
+from policyhook._telemetry import STORE_ERRORS
 
 CONFIG = "config/agent.yaml: retry_ceiling: 7  # max retries for flaky tool calls"
 TURN = "user: the deploy timed out again, page the on-call"
@@ -81,6 +84,24 @@ class TestThroughAnOutage:
         assert set(spooled(spool)) == {remedies.OFFLOAD_KIND, remedies.POINTER_KIND}
         assert spooled(spool)[remedies.POINTER_KIND] == text
         assert store.get_source(ref) is None  # not moved yet: the store has not been asked
+
+    def test_the_remedy_span_says_the_store_refused_the_archive(
+        self, store: Store, spool: SQLiteStore, telemetry: Otel
+    ) -> None:
+        """Operators see where the archive went: the remedy applied, with its ref, and the
+        store's refused write on the same span and on `policyhook.store.errors`."""
+        guard = telemetry.guard(store=store, spool=spool)
+        summarize = guard(summary_of, summarizer="compact", remedy=True)
+        guard.record_source(CONFIG, kind="config_read", source_id="cfg-7")
+        summary = summarize([CONFIG])
+        with store_down(store):
+            [ref] = remedies.pointers(summarize([summary, TURN]))
+        [span] = telemetry.spans("policyhook.remedy")
+        attributes = dict(span.attributes or {})
+        assert attributes["policyhook.remedy.outcome"] == "applied"
+        assert attributes["policyhook.remedy.ref"] == ref
+        assert attributes["policyhook.store.error"] == "put_source"
+        assert telemetry.total(STORE_ERRORS, operation="put_source") == 1
 
     def test_without_a_spool_the_refusal_stands(self, store: Store) -> None:
         """The behaviour a spool changes: no remedy can archive, the refusal is raised again
