@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 from importlib import resources
+from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -20,7 +21,7 @@ from langmem.short_term import RunningSummary  # type: ignore[import-untyped]
 from langmem.short_term import summarize_messages as langmem_summarize
 from outage import store_down
 
-from policyhook import Guard, MemoryStore, UnsafeRecompactionError, remedies
+from policyhook import Guard, MemoryStore, SQLiteStore, UnsafeRecompactionError, remedies
 from policyhook._loader import compile_sources
 from policyhook.adapters.langmem import (
     GuardedSummarizationNode,
@@ -148,6 +149,32 @@ class TestSummarizeMessages:
         assert texts[1:] == ["question 2", "answer 2", "question 3", "answer 3"]
         chat.summary, chat.turn = first, 4
         assert chat.say(1).running_summary.summary == SUMMARIES[1]
+
+    @pytest.mark.parametrize("run", ["sync", "async"])
+    def test_with_a_spool_the_store_down_still_folds_the_messages_away(
+        self, run: str, tmp_path: Path
+    ) -> None:
+        """The same outage, the guard given a spool: the remedy archives the running summary and
+        the messages in it, and its pointer becomes the running summary, so the messages leave
+        the context as with the store up; the archive reads back from the spool."""
+        chat = Conversation(Guard(spool=SQLiteStore(tmp_path / "spool.db")))
+        chat.say(2)
+        first = chat.summary
+        chat.messages += [HumanMessage("question 2", id="h2"), AIMessage("answer 2", id="a2")]
+        chat.messages += [HumanMessage("question 3", id="h3"), AIMessage("answer 3", id="a3")]
+        arguments: dict[str, Any] = {"running_summary": first, "model": chat.model, **OPTIONS}
+        arguments.update(window="chat-1")
+        with store_down(chat.guard.store):
+            if run == "sync":
+                result = summarize_messages(chat.messages, guard=chat.guard, **arguments)
+            else:
+                result = asyncio.run(
+                    asummarize_messages(chat.messages, guard=chat.guard, **arguments)
+                )
+            (ref,) = remedies.pointers(result.running_summary.summary)
+            assert first.summary in chat.guard.retrieve(ref)
+        texts = [str(m.content) for m in result.messages]
+        assert "question 2" not in texts and len(texts) < len(chat.messages)
 
     def test_raise_on_refusal(self) -> None:
         """raise_on_refusal=True surfaces the refusal as UnsafeRecompactionError."""
