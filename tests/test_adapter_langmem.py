@@ -171,8 +171,10 @@ class TestSummarizeMessages:
                 result = asyncio.run(
                     asummarize_messages(chat.messages, guard=chat.guard, **arguments)
                 )
-            (ref,) = remedies.pointers(result.running_summary.summary)
-            assert first.summary in chat.guard.retrieve(ref)
+            running = result.running_summary
+            assert running is not None
+            (ref,) = remedies.pointers(running.summary)
+            assert first is not None and first.summary in chat.guard.retrieve(ref)
         texts = [str(m.content) for m in result.messages]
         assert "question 2" not in texts and len(texts) < len(chat.messages)
 
