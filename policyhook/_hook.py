@@ -461,8 +461,14 @@ class Guard:
         failed, archives in the spool, if it is back) and close the decision log."""
         if self._watcher is not None:
             self._watcher.stop()
-        if self._spool is not None and self._spool.holding:
-            self._spool.move(self._unspool)
+        if self._spool is not None:
+            while self._spool.holding and self._spool.move(self._unspool):
+                pass  # a batch a time, while the store takes them
+            if self._spool.holding:
+                _logger.warning(
+                    "policyhook: the store did not take what the spool holds; the next guard "
+                    "given this spool moves it"
+                )
         owed = self.ledger.write_unwritten()
         if owed:
             _logger.warning(

@@ -239,13 +239,24 @@ class TestThroughAnOutage:
         assert again.sources(10) == [] and store.get_source(ref) is not None
         again.close()
 
-    def test_close_moves_what_the_store_takes(self, store: Store, spool: SQLiteStore) -> None:
+    def test_close_moves_all_the_store_takes(self, store: Store, spool: SQLiteStore) -> None:
+        """More than a batch: `close` moves them all."""
         guard, summarize, summary = agent(store, spool)
         with store_down(store):
-            pointer = summarize([summary, TURN])
+            pointers = [summarize([summary, f"{TURN} ({n})"]) for n in range(20)]
         guard.close()
-        assert spool.sources(10) == []
-        assert store.get_source(remedies.pointers(pointer)[0]) is not None
+        assert spool.sources(100) == []
+        assert all(store.get_source(remedies.pointers(p)[0]) is not None for p in pointers)
+
+    def test_close_with_the_store_down_says_what_is_left(
+        self, store: Store, spool: SQLiteStore, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        guard, summarize, summary = agent(store, spool)
+        with store_down(store), caplog.at_level(logging.WARNING, logger="policyhook"):
+            summarize([summary, TURN])
+            guard.close()
+        assert "the store did not take what the spool holds" in caplog.text
+        assert len(spool.sources(10)) == 2
 
 
 class TestRetrieve:
