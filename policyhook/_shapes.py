@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 #: Nesting deeper than this is refused (a self-containing list would otherwise never end).
 MAX_NESTING = 100
@@ -186,17 +186,25 @@ _FIELDS_READ = frozenset(
 )
 
 
-class _Plain(NamedTuple):
+class _Plain:
     """What `_plain` reads of a common shape, straight from its fields."""
 
-    text: str  # the field holding the text
-    kind: str | None  # the `type` it must have (None: a message, whose type is not a block's)
-    absent: tuple[str, ...] = ()  # fields that must be absent or None ...
-    empty: tuple[str, ...] = ()  # ... or absent, None or an empty list (of tool calls)
+    __slots__ = ("absent", "empty", "kind", "names", "suffice", "text")
 
-    @property
-    def names(self) -> frozenset[str]:
-        return frozenset({self.text, "type", *self.absent, *self.empty})
+    def __init__(
+        self,
+        text: str,
+        kind: str | None,
+        absent: tuple[str, ...] = (),
+        empty: tuple[str, ...] = (),
+    ) -> None:
+        self.text = text  # the field holding the text
+        self.kind = kind  # the `type` it must have (None: a message, whose type is not a block's)
+        self.absent = absent  # fields that must be absent or None ...
+        self.empty = empty  # ... or absent, None or an empty list (of tool calls)
+        self.names = frozenset({text, "type", *absent, *empty})
+        #: Per pydantic class: are its fields all there is to read (`_fields_suffice`)?
+        self.suffice: dict[type, bool] = {}
 
 
 #: A message whose only readable part is its str content.
@@ -214,10 +222,13 @@ def _plain(value: Any, what: _Plain) -> str | None:
     cls = type(value)
     if cls is dict:
         fields = value
-    elif _fields_suffice(cls, what) and not getattr(value, "__pydantic_extra__", None):
-        fields = value.__dict__
     else:
-        return None
+        suffice = what.suffice.get(cls)
+        if suffice is None:
+            suffice = what.suffice[cls] = _fields_suffice(cls, what)
+        if not suffice or getattr(value, "__pydantic_extra__", None):
+            return None
+        fields = value.__dict__
     text = fields.get(what.text)
     if type(text) is not str:
         if what.kind is not None or type(text) is not list:
@@ -228,7 +239,9 @@ def _plain(value: Any, what: _Plain) -> str | None:
     kind = fields.get("type")
     if what.kind is not None:
         return text if kind == what.kind else None
-    if kind is not None and (not isinstance(kind, str) or _is_block(kind)):
+    if kind is not None and (
+        not isinstance(kind, str) or kind in _BLOCKS or kind.endswith("_error")
+    ):
         return None
     for field in what.absent:
         if fields.get(field) is not None:
@@ -254,30 +267,16 @@ def _plain_content(content: list[Any]) -> str | None:
     return "\n".join(pieces)
 
 
-_FIELDS_SUFFICE: dict[tuple[type, str], bool] = {}
-
-
 def _fields_suffice(cls: type, what: _Plain) -> bool:
     """A pydantic model class none of whose fields `what` reads is provided by the class itself
     (a property or method): its `__dict__` is all there is to read of them."""
-    known = _FIELDS_SUFFICE.get((cls, what.text))
-    if known is None:
-        known = _FIELDS_SUFFICE[(cls, what.text)] = isinstance(
-            getattr(cls, "__pydantic_fields__", None), dict
-        ) and not (_class_names(cls) & what.names)
-    return known
-
-
-def _is_block(kind: str) -> bool:
-    """A content block type the general path reads as a block (not as a message)."""
-    return (
-        kind in TEXT_BLOCKS
-        or kind in CALL_BLOCKS
-        or kind in RESULT_BLOCKS
-        or kind == "document"
-        or kind in OPAQUE_BLOCKS
-        or kind.endswith("_error")
+    return isinstance(getattr(cls, "__pydantic_fields__", None), dict) and not (
+        _class_names(cls) & what.names
     )
+
+
+#: The `type`s the general path reads as a block (not as a message), but for `..._error`.
+_BLOCKS = frozenset({*TEXT_BLOCKS, *CALL_BLOCKS, *RESULT_BLOCKS, "document", *OPAQUE_BLOCKS})
 
 
 def _shape(value: Any) -> str:
