@@ -378,6 +378,23 @@ class TestRemedies:
         assert summary.startswith(PREFIX + SUMMARIES[1]) and ref in summary  # carried forward
         assert guard.store.get_source(ref) is not None  # moved to the store
 
+    def test_the_agent_reading_an_archive_while_the_store_is_down_goes_on(self) -> None:
+        """The agent calls `retrieve_context` with the store down and the archive not in a
+        spool: the tool answers that it cannot read the store now, and the turn goes on
+        (LangGraph's ToolNode would raise any other error out of `agent.invoke`)."""
+        guard = Guard()
+        _, after = self._refused_pass(guard)
+        (ref,) = remedies.pointers(str(after[0].content))
+        calls = [{"name": "retrieve_context", "args": {"ref": ref}, "id": "r1"}]
+        model = ToolCallingFake(messages=iter([AIMessage("", tool_calls=calls), AIMessage("ok")]))
+        middleware = GuardedSummarizationMiddleware(FakeListChatModel(responses=[]), guard=guard)
+        agent = create_agent(model=model, tools=[], middleware=[middleware])
+        with store_down(guard.store):
+            out = agent.invoke({"messages": [HumanMessage("what was archived?")]})
+        answer = next(m for m in out["messages"] if isinstance(m, ToolMessage))
+        assert "cannot retrieve" in str(answer.content) and "try again later" in str(answer.content)
+        assert out["messages"][-1].content == "ok"
+
     def test_the_pointer_is_evidence_the_next_pass_may_summarize(self) -> None:
         """After a remedy, the next trigger summarizes the pointer and new turns: allowed."""
         guard = Guard()

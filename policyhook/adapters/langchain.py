@@ -304,5 +304,12 @@ def retrieval_tool(guard: Guard) -> BaseTool:
             return "\n\n".join(guard.retrieve(ref.strip()))
         except (KeyError, ValueError) as error:
             return f"cannot retrieve {ref!r}: {error}"
+        except Exception as error:  # the store down: the agent's turn goes on (LangGraph's
+            # ToolNode would raise it out of `agent.invoke`)
+            _logger.warning("policyhook: retrieve_context could not read the store", exc_info=True)
+            return (
+                f"cannot retrieve {ref!r} now: the store cannot be read "
+                f"({type(error).__name__}); try again later"
+            )
 
     return StructuredTool.from_function(retrieve_context)
