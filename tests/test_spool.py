@@ -8,7 +8,10 @@ spool holds is moved to it, for every process sharing the store to see.
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,7 @@ from policyhook import (
 )
 from policyhook._telemetry import STORE_ERRORS
 
+POLICYHOOK = str(Path(sys.executable).parent / "policyhook")
 CONFIG = "config/agent.yaml: retry_ceiling: 7  # max retries for flaky tool calls"
 TURN = "user: the deploy timed out again, page the on-call"
 #: What a move writes with: the archive's put, the pointer's (hashed by the ledger if it can).
@@ -272,6 +276,16 @@ class TestRetrieve:
         guard, _, _ = agent(store, spool)
         with store_down(store), pytest.raises(ConnectionError):
             guard.retrieve("offload:0000")
+
+    def test_the_command_reads_a_spool_file(self, store: Store, spool: SQLiteStore) -> None:
+        """An operator reads a spooled archive by hand: `policyhook retrieve REF --store` on the
+        spool's file, while the store is down."""
+        _, summarize, summary = agent(store, spool)
+        with store_down(store):
+            [ref] = remedies.pointers(summarize([summary, TURN]))
+        command = [POLICYHOOK, "retrieve", ref, "--store", str(spool.path), "--format", "json"]
+        out = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+        assert json.loads(out.stdout)["texts"] == [summary, TURN]
 
 
 def test_the_spool_must_be_another_store() -> None:
