@@ -75,8 +75,8 @@ class TestThroughAnOutage:
         self, store: Store, spool: SQLiteStore, caplog: pytest.LogCaptureFixture
     ) -> None:
         """The store down: the pass is refused (it cannot be decided) and the remedy archives in
-        the spool: the call returns the pointer, much shorter than the region, and the archive
-        reads back exactly, from the spool."""
+        the spool: the call returns the pointer in the region's place, and the archive reads
+        back exactly, from the spool."""
         guard, summarize, summary = agent(store, spool)
         region = [summary, TURN]
         with store_down(store), caplog.at_level(logging.WARNING, logger="policyhook"):
