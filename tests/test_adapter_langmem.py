@@ -76,6 +76,18 @@ class Conversation:
             self.guard.store.evict(source.id)
 
 
+def _two_more_turns(chat: Conversation, run: str) -> Any:
+    """Questions and answers 2 and 3 folded into the running summary, by `summarize_messages`
+    or (`run` "async") `asummarize_messages`: langmem's result, the chat's summary unchanged."""
+    chat.messages += [HumanMessage("question 2", id="h2"), AIMessage("answer 2", id="a2")]
+    chat.messages += [HumanMessage("question 3", id="h3"), AIMessage("answer 3", id="a3")]
+    arguments: dict[str, Any] = {"running_summary": chat.summary, "model": chat.model, **OPTIONS}
+    arguments.update(window="chat-1", guard=chat.guard)
+    if run == "sync":
+        return summarize_messages(chat.messages, **arguments)
+    return asyncio.run(asummarize_messages(chat.messages, **arguments))
+
+
 class TestSummarizeMessages:
     def test_first_summary_is_granted_and_recorded(self) -> None:
         """The first summary folds originals in: allowed, and recorded as a depth-1 summary."""
@@ -132,17 +144,8 @@ class TestSummarizeMessages:
         chat = Conversation(Guard())
         chat.say(2)
         first = chat.summary
-        chat.messages += [HumanMessage("question 2", id="h2"), AIMessage("answer 2", id="a2")]
-        chat.messages += [HumanMessage("question 3", id="h3"), AIMessage("answer 3", id="a3")]
-        arguments: dict[str, Any] = {"running_summary": first, "model": chat.model, **OPTIONS}
-        arguments.update(window="chat-1")
         with store_down(chat.guard.store), capture_decisions(chat.guard, phase="input") as seen:
-            if run == "sync":
-                result = summarize_messages(chat.messages, guard=chat.guard, **arguments)
-            else:
-                result = asyncio.run(
-                    asummarize_messages(chat.messages, guard=chat.guard, **arguments)
-                )
+            result = _two_more_turns(chat, run)
         assert [(d.effect, a["region"]["depth"]) for d, a in seen] == [("deny", 1)]
         assert result.running_summary is first
         texts = [m.content for m in result.messages]
@@ -160,17 +163,8 @@ class TestSummarizeMessages:
         chat = Conversation(Guard(spool=SQLiteStore(tmp_path / "spool.db")))
         chat.say(2)
         first = chat.summary
-        chat.messages += [HumanMessage("question 2", id="h2"), AIMessage("answer 2", id="a2")]
-        chat.messages += [HumanMessage("question 3", id="h3"), AIMessage("answer 3", id="a3")]
-        arguments: dict[str, Any] = {"running_summary": first, "model": chat.model, **OPTIONS}
-        arguments.update(window="chat-1")
         with store_down(chat.guard.store):
-            if run == "sync":
-                result = summarize_messages(chat.messages, guard=chat.guard, **arguments)
-            else:
-                result = asyncio.run(
-                    asummarize_messages(chat.messages, guard=chat.guard, **arguments)
-                )
+            result = _two_more_turns(chat, run)
             running = result.running_summary
             assert running is not None
             (ref,) = remedies.pointers(running.summary)
