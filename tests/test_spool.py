@@ -8,15 +8,21 @@ spool holds is moved to it, for every process sharing the store to see.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import math
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import deep
 import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from outage import STORE_METHODS, one_fault, store_down
 from test_telemetry import Otel
 from test_telemetry import telemetry as telemetry  # the fixture
@@ -292,3 +298,86 @@ def test_the_spool_must_be_another_store() -> None:
     store = MemoryStore()
     with pytest.raises(ValueError, match='"spool" must be another store'):
         Guard(store=store, spool=store)
+
+
+class SpoolMachine(RuleBasedStateMachine):
+    """An agent's guard over a store that goes down, comes back and fails one call at a time,
+    with a spool on disk that outlives restarts: no archive a remedy made is ever lost."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.folder = tempfile.TemporaryDirectory()
+        self.store: Any = MemoryStore()
+        self.spool = SQLiteStore(Path(self.folder.name) / "spool.db")
+        self.spools = [self.spool]
+        self.turns = itertools.count()
+        self.archived: dict[str, list[str]] = {}  # ref -> the texts its remedy archived
+        self.pointers: list[str] = []  # every remedy's text: original evidence once moved
+
+    @initialize(sqlite=st.booleans())
+    def start(self, sqlite: bool) -> None:
+        if sqlite:
+            self.store = SQLiteStore(Path(self.folder.name) / "main.db")
+        self.guard, self.summarize, self.summary = agent(self.store, self.spool)
+        self.guard._spool._clock = lambda: math.inf  # type: ignore[union-attr]
+
+    def _remedied(self, outage: Any) -> None:
+        region = [self.summary, f"{TURN} ({next(self.turns)})"]
+        with outage:
+            try:
+                text = self.summarize(region)
+            except UnsafeRecompactionError:
+                return  # the store and the spool both failing: the window kept, nothing lost
+        for ref in remedies.pointers(text):
+            self.archived[ref] = region
+            self.pointers.append(text)
+
+    @rule()
+    def remedy_with_the_store_down(self) -> None:
+        self._remedied(store_down(self.store))
+
+    @rule(at=st.integers(min_value=1, max_value=30))
+    def remedy_with_one_store_call_failing(self, at: int) -> None:
+        self._remedied(one_fault([self.store], at))
+
+    @rule(at=st.integers(min_value=0, max_value=10))  # (a decision and a move: a few calls)
+    def decide_while_the_store_may_fail(self, at: int) -> None:
+        """A decision with the store up, or its `at`-th call failing: it moves the spool, or
+        a part of it, or nothing."""
+        with one_fault([self.store], at):
+            self.guard.check("user: and now?", summarizer="compact")
+
+    @rule()
+    def restart(self) -> None:
+        """A new process: a new guard over the same store, the spool's file opened again."""
+        self.spool.close()
+        self.spool = SQLiteStore(Path(self.folder.name) / "spool.db")
+        self.spools.append(self.spool)
+        self.guard = Guard(store=self.store, spool=self.spool)
+        self.guard._spool._clock = lambda: math.inf  # type: ignore[union-attr]
+        self.summarize = self.guard(summary_of, summarizer="compact", remedy=True)
+
+    @invariant()
+    def every_archive_reads_back(self) -> None:
+        for ref, texts in self.archived.items():
+            assert self.guard.retrieve(ref) == texts, ref
+
+    def teardown(self) -> None:
+        settled = Guard(store=self.store, spool=self.spool)
+        for _ in range(len(self.archived) + 1):  # the store up: each decision moves a batch
+            settled.check("user: and now?", summarizer="compact")
+        assert self.spool.sources(10) == []
+        fresh = Guard(store=self.store)  # another process: nothing cached, no spool
+        for ref, texts in self.archived.items():  # every archive is in the store now
+            assert fresh.retrieve(ref) == texts, ref
+        for pointer in self.pointers:  # and every pointer, as original evidence
+            assert fresh.provenance(pointer).source_kinds == {remedies.POINTER_KIND}
+        for spool in self.spools:
+            spool.close()
+        if isinstance(self.store, SQLiteStore):
+            self.store.close()
+        self.folder.cleanup()
+
+
+SpoolMachine.TestCase.settings = deep.suite(30, 20)
+TestSpoolMachine = SpoolMachine.TestCase
