@@ -755,14 +755,17 @@ class Guard:
         An archive the store could not take is read from the spool until it is moved; with the
         store failing, what the spool lacks raises the store's error.
         """
+        failure: Exception | None = None
         try:
             payload = self.store.get_source(ref)
-        except Exception:
-            payload = None if self._spool is None else self._spool.get(ref)
-            if payload is None:
+        except Exception as error:
+            if self._spool is None:
                 raise
+            payload, failure = None, error
         if payload is None and self._spool is not None:
-            payload = self._spool.get(ref)
+            payload = self._spool.get(ref)  # an archive the store could not take
+        if payload is None and failure is not None:
+            raise failure
         if payload is None:
             raise KeyError(
                 f"no offloaded region {ref!r} in the store (evicted, expired or unknown)"
