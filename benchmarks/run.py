@@ -46,7 +46,7 @@ from opentelemetry.trace import INVALID_SPAN
 
 from policyhook import _activation as schema
 from policyhook import _cel as cel
-from policyhook import decisionlog
+from policyhook import _shapes, decisionlog
 from policyhook._backends import BACKEND_ENV, CEL_PYTHON, available_backends, default_backend
 from policyhook._hook import Guard, request
 from policyhook._loader import load
@@ -629,13 +629,10 @@ def bench_guard_parts(report: Report, engine: Mapping[str, float], repeat: int) 
     backend = default_backend()
     window = current_request().window
     steps = {
-        "provenance: `Ledger.resolve` of the input": {"resolve"},
+        "provenance: `Ledger.resolve_units` of the input": {"resolve"},
         "`PolicySet.decide`": {"decide"},
         "provenance: `Ledger.record_summary` of the output": {"record_summary"},
-        "window depth + liveness, as the guard reads them (`_window_depth`, `_live`)": {
-            "max_depth",
-            "live",
-        },
+        _DEPTH: {"max_depth"},
     }
     everything = set().union(*steps.values())
     calls = {"whole": _stubbed_call(backend, window, set())}
@@ -648,19 +645,20 @@ def bench_guard_parts(report: Report, engine: Mapping[str, float], repeat: int) 
     guard = Guard(input_policies(backend), store=MemoryStore())
     guard._telemetry = _NoTelemetry()  # type: ignore[assignment]
     _, value, output = _guarded_call(guard)
-    resolution = guard.ledger.resolve(value, window)
+    units = _shapes.read(value, keep=(Region,))  # as the guard reads it, once a call
+    resolution = guard.ledger.resolve_units(units, window)
     region = resolution.region
     live = guard.store.live(region.sources)
     activations = itertools.cycle([_activation_of(region, live) for _ in range(1000)])
     evaluated = functools.partial(_decide_next, guard.policies, activations, evaluate=True)
     alone: dict[str, Callable[[], object]] = {
-        "provenance: `Ledger.resolve` of the input": lambda: guard.ledger.resolve(value, window),
+        "provenance: `Ledger.resolve_units` of the input":
+            lambda: guard.ledger.resolve_units(units, window),
         "`PolicySet.decide`": lambda: guard.policies.decide(next(activations)),
         _EVALUATED: evaluated,
         "provenance: `Ledger.record_summary` of the output":
             lambda: guard.ledger.record_summary(output, region, window),
-        "window depth + liveness, as the guard reads them (`_window_depth`, `_live`)": lambda: (
-            guard._window_depth(window, INVALID_SPAN), guard._live(resolution, INVALID_SPAN)),
+        _DEPTH: lambda: guard._window_depth(window, INVALID_SPAN),
     }  # fmt: skip
     with quiet_logs():
         timed = measure_together(calls | {f"alone/{k}": fn for k, fn in alone.items()}, repeat)
@@ -699,6 +697,9 @@ def bench_guard_parts(report: Report, engine: Mapping[str, float], repeat: int) 
     report.data["guard_parts_ns"] = data
 
 
+#: The split table's row of the window's depth (liveness is read with the provenance: the
+#: store's one view answers both, `Ledger.resolve_units`).
+_DEPTH = "window depth, as the guard reads it (`_window_depth`)"
 #: The split table's row of the evaluated call's `decide`.
 _EVALUATED = "`PolicySet.decide`, evaluated every call (no allow kept)"
 
@@ -707,32 +708,34 @@ def _stubbed_call(
     backend: cel.Backend, window: str, stubbed: set[str], keep: bool = True
 ) -> Callable[[], object]:
     """The guarded call of `bench_guard_parts`, with the `stubbed` steps (resolve, decide,
-    record_summary, max_depth, live) replaced by their results, computed beforehand; `keep`
+    record_summary, max_depth) replaced by their results, computed beforehand; `keep`
     False: the policy set forgets the allows it kept before each call (also when `decide` is
     stubbed, so the two calls differ by the evaluation alone)."""
     guard = Guard(input_policies(backend), store=MemoryStore())
     guard._telemetry = _NoTelemetry()  # type: ignore[assignment]
     call, value, _ = _guarded_call(guard)
     resolution = guard.ledger.resolve(value, window)
-    live = guard.store.live(resolution.region.sources)
     depth = guard.ledger.max_depth(window)
-    decision = guard.policies.decide(_activation_of(resolution.region, live))
-    # Window depth and liveness replaced where the guard reads them (`Guard._window_depth`,
-    # `Guard._live`), not on the store: a store with `live` overridden on the instance makes
-    # its view of those calls one by one, which would time a slower call, not one without them.
-    stubs: dict[str, tuple[object, str, Callable[..., object]]] = {
-        "resolve": (guard.ledger, "resolve", lambda *_: resolution),
-        "record_summary": (guard.ledger, "record_summary", lambda *_: None),
-        "max_depth": (guard, "_window_depth", lambda *_: depth),
-        "live": (guard, "_live", lambda *_: live),
+    decision = guard.policies.decide(_activation_of(resolution.region, resolution.live))
+    # The guard reads its input once and resolves the units it read (`resolve_units`: the
+    # store's one view, liveness included); the window's depth replaced where the guard reads
+    # it (`Guard._window_depth`), not on the store.
+    stubs: dict[str, tuple[object, str, object]] = {
+        "resolve": (guard.ledger, "resolve_units", resolution),
+        "record_summary": (guard.ledger, "record_summary", None),
+        "max_depth": (guard, "_window_depth", depth),
     }
+    hit: set[str] = set()
     for name in stubbed - {"decide"}:
-        owner, attribute, stub = stubs[name]
-        setattr(owner, attribute, stub)
+        owner, attribute, result = stubs[name]
+        setattr(owner, attribute, _answering(name, result, hit))
     real = guard.policies
     if "decide" in stubbed:
-        policies = SimpleNamespace(checks_output=False, decide=lambda *_, **__: decision)
-        guard._policies = policies  # type: ignore[assignment]
+        decide = _answering("decide", decision, hit)
+        guard._policies = SimpleNamespace(checks_output=False, decide=decide)  # type: ignore[assignment]
+    call()
+    if hit != stubbed:  # a stub the guard no longer calls would time the step as the guard's own
+        raise RuntimeError(f"stubbed steps the guarded call never reached: {stubbed - hit}")
     if keep:
         return call
 
@@ -741,6 +744,16 @@ def _stubbed_call(
         return call()
 
     return evaluated
+
+
+def _answering(name: str, result: object, hit: set[str]) -> Callable[..., object]:
+    """A step replaced by its result, noting in `hit` that the call reached it."""
+
+    def step(*_: object, **__: object) -> object:
+        hit.add(name)
+        return result
+
+    return step
 
 
 def _activation_of(region: Region, live: Any) -> schema.Activation:
