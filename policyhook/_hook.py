@@ -790,12 +790,17 @@ class Guard:
                 situation = self._situation(
                     refusal, value, can_summarize, budget_chars, window, span
                 )
-                run = _RemedyRun(remedies.plan(situation, functools.partial(self._offload, span)))
+                spooled: list[str] = []  # refs `_offload` archived in the spool
+                offload = functools.partial(self._offload, span, spooled)
+                run = _RemedyRun(remedies.plan(situation, offload))
                 yield run
             except Exception as error:
                 self._remedy_failed(refusal, error, summarizer, span)
                 raise refusal from error
-            run.remedied = self._remedied(run.done(), situation, refusal, window, summarizer, span)
+            result = run.done()
+            if result.ref in spooled:
+                result = replace(result, spooled=True)
+            run.remedied = self._remedied(result, situation, refusal, window, summarizer, span)
 
     def _situation(
         self,
@@ -840,10 +845,15 @@ class Guard:
         return sorted(ids, key=lambda s: (rank.get(s, len(rank)), s))
 
     def _offload(
-        self, span: Span, texts: Sequence[str], pinned: Sequence[remedies.Pinned]
+        self,
+        span: Span,
+        spooled: list[str],
+        texts: Sequence[str],
+        pinned: Sequence[remedies.Pinned],
     ) -> tuple[str, str]:
         """Archive `texts` under a keyed ref; the pointer standing in for them is recorded as
-        original evidence resting on that ref's own source, so it may be summarized later."""
+        original evidence resting on that ref's own source, so it may be summarized later.
+        A ref archived in the spool instead is added to `spooled`."""
         payload = remedies.archive_payload(texts)
         ref = self.ledger.text_id("offload", payload)  # (keyed with the store's secret)
         archive = Source(ref, remedies.OFFLOAD_KIND)
@@ -862,6 +872,7 @@ class Guard:
             self._spool.put(archive, payload)
             pointer_id = self.ledger.text_id(remedies.POINTER_KIND, pointer)
             self._spool.put(Source(pointer_id, remedies.POINTER_KIND), pointer)
+            spooled.append(ref)
             self._put_failed(
                 error, "archive %s kept in the spool until the store answers", ref, span=span
             )

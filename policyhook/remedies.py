@@ -74,7 +74,9 @@ class Remedied:
 
     `text` is what the caller puts in the window where the summary would have gone; `remedy` is
     the remedy that made it (after any fallback) and `requested` the one the policy named;
-    `reason` says why a fallback was taken. `ref` names the archived originals (offload, pin).
+    `reason` says why a fallback was taken. `ref` names the archived originals (offload, pin);
+    `spooled`: the store could not take them, so they wait in the guard's spool (readable by
+    this process's `Guard.retrieve` only) until the store answers again.
     """
 
     requested: Remedy
@@ -85,6 +87,7 @@ class Remedied:
     reason: str = ""
     archived_chars: int = 0
     archived_items: int = 0
+    spooled: bool = False
 
     @property
     def fell_back(self) -> bool:

@@ -113,6 +113,26 @@ class TestThroughAnOutage:
         assert attributes["policyhook.store.error"] == "put_source"
         assert telemetry.total(STORE_ERRORS, operation="put_source") == 1
 
+    def test_the_remedy_says_its_archive_is_in_the_spool(
+        self, store: Store, spool: SQLiteStore
+    ) -> None:
+        """`Remedied.spooled` tells a caller its archive waits in this process's spool (only
+        this process reads it back) until the store answers; an archive the store took is
+        not spooled."""
+        guard, _, summary = agent(store, spool)
+        region = [summary, TURN]
+        with store_down(store):
+            with pytest.raises(UnsafeRecompactionError) as refused:
+                guard.check(region, summarizer="compact", enforce=True)
+            remedied = guard.remedy(refused.value, region, summarizer="compact")
+        assert remedied.spooled and remedied.text.startswith(remedies.POINTER_PREFIX)
+        assert remedied.ref in {source.id for source, _ in spool.sources(10)}
+        guard.check([CONFIG], summarizer="compact")  # the store answers: the spool is moved
+        assert store.get_source(remedied.ref) is not None
+        refusal = UnsafeRecompactionError(refused.value.decision)
+        again = guard.remedy(refusal, [summary, TURN, "user: more"], summarizer="compact")
+        assert again.ref is not None and not again.spooled
+
     def test_without_a_spool_the_refusal_stands(self, store: Store) -> None:
         """The behaviour a spool changes: no remedy can archive, the refusal is raised again
         and the caller keeps its window."""
