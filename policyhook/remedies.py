@@ -43,8 +43,13 @@ _POINTER_RE = re.compile(re.escape(POINTER_PREFIX) + r"(offload:[0-9a-f]+)\]")
 #: A whole pointer: its first line, then the pinned facts it lists.
 _BLOCK_RE = re.compile(
     re.escape(POINTER_PREFIX)
-    + r"(offload:[0-9a-f]+)\][^\n]*(?:\nExact facts[^\n]*)?(?:\n- [^\n]*)*"
+    + r"(offload:[0-9a-f]+)\][^\n]*(?:\nExact facts[^\n]*(?:\n- [^\n]*)*)?"
 )
+
+
+#: A fact a pointer lists (`pointer_text`): `- <fact> [<source id>]`.
+#: (A fact holds no " [", a source id may: the first one ends the fact.)
+_PINNED_LINE_RE = re.compile(r"^- (?P<fact>.*?) \[(?P<source>.*)\]$", re.MULTILINE)
 
 
 def remedy_name(value: object, where: str = "remedy") -> Remedy:
@@ -319,22 +324,40 @@ def pin(texts: Iterable[tuple[str, str]], limit: int = 40) -> tuple[Pinned, ...]
 
     Numbers count only with their key beside them (`retry_ceiling: 7`): a bare number is no fact
     anyone can re-use. Kinds are taken in `PIN_KINDS` order, each fact once, with the first source
-    stating it.
+    stating it. A pointer of an earlier remedy in a text (its region offloaded again) hands on
+    the facts it pinned, each with the source it came from; its own wording (the ref, the
+    retrieval tool) states no fact.
     """
-    from policyhook.grounding import extract
-
     found: dict[tuple[str, str], Pinned] = {}
     for source_id, text in texts:
-        for fact in extract(text):
-            if fact.kind not in PIN_KINDS or (fact.kind == "number" and not fact.assigned):
-                continue
-            found.setdefault(
-                (fact.kind, fact.value),
-                Pinned(fact.kind, fact.key if fact.kind == "number" else "", fact.text, source_id),
-            )
+        for block in _BLOCK_RE.finditer(text):
+            for line in _PINNED_LINE_RE.finditer(block.group()):
+                for fact in _listed(line["fact"], line["source"]):
+                    found.setdefault((fact.kind, fact.value), fact)
+        for fact in _pinnable(without_pointers(text), source_id):
+            found.setdefault((fact.kind, fact.value), fact)
     rank = {kind: i for i, kind in enumerate(PIN_KINDS)}
     ordered = sorted(found.values(), key=lambda p: rank[p.kind])  # stable: first seen first
     return tuple(ordered[:limit])
+
+
+def _listed(line: str, source_id: str) -> list[Pinned]:
+    """The fact a pointer's line lists: the one whose rendering it is (so the kind, lost in the
+    text, is found again); all the facts of a line edited by hand."""
+    facts = _pinnable(line, source_id)
+    exact = [f for f in facts if (f"{f.key}: {f.value}" if f.key else f.value) == line]
+    return exact[:1] or facts
+
+
+def _pinnable(text: str, source_id: str) -> list[Pinned]:
+    """The facts of `text` worth pinning (`pin`), each stated by `source_id`."""
+    from policyhook.grounding import extract
+
+    return [
+        Pinned(fact.kind, fact.key if fact.kind == "number" else "", fact.text, source_id)
+        for fact in extract(text)
+        if fact.kind in PIN_KINDS and (fact.kind != "number" or fact.assigned)
+    ]
 
 
 # -- one remedy, as a plan the sync and async drivers both run ---------------------------------

@@ -474,3 +474,104 @@ class TestCarriedPointers:
         assert remedies.carried(["no pointer here"], "out") == "out"
         assert remedies.carried([f"before\n{block}\nafter"], "out") == f"out\n\n{block}"
         assert remedies.carried([block, block], f"out {block}") == f"out {block}"
+
+
+#: Texts stating facts of every pinned kind, as sources do.
+FACT_TEXTS = (
+    CONFIG,
+    "deploy v2.3.1 to /srv/app, runbook https://wiki.example.com/deploy and ticket JIRA-123",
+    "timeout_ms = 30000 on host build-7 (commit 3f9a2c1e5b7d), started 2026-11-30",
+)
+
+
+class TestPinThroughPointers:
+    """A region offloaded again holds an earlier pointer: its pinned facts go on, each with the
+    source it came from, and the pointer's own wording (ref, tool name) pins nothing."""
+
+    def pointer(self, pinned: tuple[remedies.Pinned, ...], ref: str = "offload:0123abcd") -> str:
+        return remedies.pointer_text(ref, ["archived", "texts"], pinned)
+
+    def test_a_pointer_hands_on_its_facts_with_their_sources(self) -> None:
+        pinned = remedies.pin([(f"src-{i}", text) for i, text in enumerate(FACT_TEXTS)])
+        assert {p.source_id for p in pinned} == {"src-0", "src-1", "src-2"}
+        again = remedies.pin([("pointer-1", self.pointer(pinned))])
+        assert again == pinned
+        assert not any(p.value in ("0123abcd", "retrieve_context") for p in again)
+
+    def test_a_pointer_inside_a_longer_text_and_the_text_s_own_facts(self) -> None:
+        """A summary carrying a pointer (`carried`): its own facts are its own."""
+        pinned = remedies.pin([("cfg", CONFIG)])
+        text = "Summary: deployed v4.5.6 to /opt/new.\n\n" + self.pointer(pinned)
+        got = {(p.value, p.source_id) for p in remedies.pin([("summary-1", text)])}
+        assert {("7", "cfg"), ("v4.5.6", "summary-1"), ("/opt/new", "summary-1")} <= got
+        assert all(source in ("cfg", "summary-1") for _, source in got)
+
+    def test_a_list_after_a_pointer_without_facts_is_the_text_s_own(self) -> None:
+        """Only a pointer's "Exact facts" lines are its own: a list written after a pointer
+        that pinned nothing is the text's, not facts of bogus sources."""
+        text = self.pointer(()) + "\n- rolled back to v1.0.2 [done]"
+        assert remedies.without_pointers(text).endswith("- rolled back to v1.0.2 [done]")
+        assert [(p.value, p.source_id) for p in remedies.pin([("turn-9", text)])] == [
+            ("v1.0.2", "turn-9")
+        ]
+
+    @settings(deep.scaled(settings(max_examples=200, deadline=None, derandomize=True)))
+    @given(
+        facts=st.lists(
+            st.tuples(
+                st.sampled_from(
+                    [
+                        "retry_ceiling: {n}",
+                        "max connections = {n}",
+                        "release v{n}.2.{n}",
+                        "logs in /var/log/app-{n}.log",
+                        "see https://ci.example.org/build/{n}",
+                        "ticket OPS-{n}",
+                        "on 2026-10-{d}",
+                        "flag use_cache_{n}",
+                    ]
+                ),
+                st.integers(1, 999),
+            ),
+            min_size=1,
+            max_size=8,
+        ),
+        ids=st.lists(st.text(min_size=1, max_size=12).filter(lambda s: "\n" not in s), min_size=8),
+    )
+    def test_pins_survive_any_number_of_pointers(
+        self, facts: list[tuple[str, int]], ids: list[str]
+    ) -> None:
+        """Pinned, offloaded, pinned again (and again): the same facts, the same sources,
+        whatever the source ids hold (brackets, spaces)."""
+        texts = [
+            (ids[i], template.format(n=n, d=f"{n % 28 + 1:02d}"))
+            for i, (template, n) in enumerate(facts)
+        ]
+        pinned = remedies.pin(texts)
+        assert pinned, texts
+        once = remedies.pin([("pointer-1", self.pointer(pinned, "offload:aa11"))])
+        twice = remedies.pin([("pointer-2", self.pointer(once, "offload:bb22"))])
+        assert once == twice == pinned
+
+    def test_offloaded_twice_the_window_keeps_the_first_facts(self) -> None:
+        """Through the guard: a pointer's region refused again and pinned keeps the facts its
+        pointer listed, with the config's own source id; nothing of the pointer's wording."""
+        guard = policyhook.Guard()
+        summarize = guard(Scripted(), summarizer="s", remedy=True)
+        s1 = seeded(guard, summarize)
+        first = guard.remedy(guard_refusal(guard, [s1, CONFIG]), [s1, CONFIG], summarizer="s")
+        assert any(p.source_id == "cfg-42" and p.value == "7" for p in first.pinned)
+        guard.record_source("user: keep going", kind="user_turn")
+        window = [first.text, "user: keep going"]
+        second = guard.remedy(guard_refusal(guard, window), window, summarizer="s")
+        assert set(first.pinned) <= set(second.pinned)
+        wording = ("retrieve_context", (first.ref or "").partition(":")[2])
+        assert not any(p.value in wording for p in second.pinned)
+        assert "- yaml retry_ceiling: 7 [cfg-42]" in second.text
+
+
+def guard_refusal(guard: policyhook.Guard, value: Any) -> policyhook.UnsafeRecompactionError:
+    """A refusal of `value` to remedy: the guard's own decision, made a deny (the policy
+    named the pin remedy), so `Guard.remedy` runs on what the guard read."""
+    decision = guard.check(value, summarizer="s")
+    return policyhook.UnsafeRecompactionError(dataclasses.replace(decision, effect=policyhook.Effect.DENY))
