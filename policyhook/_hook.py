@@ -1097,10 +1097,12 @@ class Guard:
                 self._store_failed(call, "get_sources", error)
                 failed = True
                 fetched = {}  # their facts stay unverifiable: nothing to check them against
-            for source_id, text in fetched.items():
-                self._facts.add(source_id, text)
-            for source_id, text in content:
-                self._facts.add(source_id, text)
+            for source_id, text in (*fetched.items(), *content):
+                # a remedy's pointer is carried into the output verbatim: none of its facts is
+                # one the summary drops
+                kept = remedies.without_pointers(text) if remedies.POINTER_PREFIX in text else None
+                self._facts.add(source_id, text, must_keep=kept)
+            for source_id, _ in content:
                 live.add(source_id)
                 scope.add(source_id)
             found = grounding.check(written, self._facts, live, carried=carried, scope=scope)

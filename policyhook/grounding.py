@@ -895,6 +895,11 @@ def extract(text: str) -> tuple[Fact, ...]:
 _START = operator.attrgetter("start")
 
 
+def _is_key(fact: Fact) -> bool:
+    """A fact a summary of its source must keep (else it is reported dropped)."""
+    return (fact.kind == "number" and fact.assigned) or fact.kind in _KEY_KINDS
+
+
 def _keys_of(fact: Fact) -> list[str]:
     """The index keys that find `fact` (FactIndex.sources_of looks them up)."""
     keys: list[str]
@@ -998,17 +1003,22 @@ class FactIndex:
                 self._assigned.pop(source_id, None)
             return len(forgotten)
 
-    def add(self, source_id: str, text: str) -> None:
-        """Index the facts, tokens and words of one source's text."""
+    def add(self, source_id: str, text: str, must_keep: str | None = None) -> None:
+        """Index the facts, tokens and words of one source's text.
+
+        `must_keep`: the part of `text` whose key facts a summary must keep (`text` with the
+        rest blanked), when not all of it: what reaches the summary verbatim anyway (a remedy's
+        pointer, carried) is not dropped by a summary that leaves it out. Every fact of `text`
+        still grounds the facts an output states."""
         if not isinstance(source_id, str) or not isinstance(text, str):
             msg = (
                 f"source id and text must be str: {type(source_id).__name__}, {type(text).__name__}"
             )
             raise TypeError(msg)
         with self._lock:
-            self._add(source_id, text)
+            self._add(source_id, text, must_keep)
 
-    def _add(self, source_id: str, text: str) -> None:
+    def _add(self, source_id: str, text: str, must_keep: str | None = None) -> None:
         if source_id in self._norm:
             return
         keys = {"t" + token for token in _TOKEN_RE.findall(text)}
@@ -1021,10 +1031,12 @@ class FactIndex:
         assigned = []
         for fact in _scan(text):
             keys.update(_keys_of(fact))
-            if (fact.kind == "number" and fact.assigned) or fact.kind in _KEY_KINDS:
+            if _is_key(fact):
                 assigned.append(fact)
         for fact in _counts(text):  # what a source states by its shape: lines, list items
             keys.update(_keys_of(fact))
+        if must_keep is not None:
+            assigned = [fact for fact in _scan(must_keep) if _is_key(fact)]
         self._own(source_id, keys)
         if assigned:
             self._assigned[source_id] = assigned

@@ -321,6 +321,22 @@ class TestCheck:
         g = check("Deploys retry.", index(turn="deploy"), pinned=["retry_ceiling: 7"])
         assert {f.value for f in g.dropped} >= {"7", "retry_ceiling"}
 
+    def test_what_a_source_carries_verbatim_is_not_dropped(self) -> None:
+        """`must_keep`: a source's facts outside it (what reaches the summary anyway) are never
+        dropped, yet still ground what the output states."""
+        text = "note: release v2.4.1 shipped\n[carried] retry_ceiling: 7, commit 3f9a2c1e5b7d"
+        carried_from = text.index("[carried]")
+        kept = text[:carried_from] + " " * (len(text) - carried_from)
+        whole, part = FactIndex(), FactIndex()
+        whole.add("s", text)
+        part.add("s", text, must_keep=kept)
+        assert {f.value for f in check("Nothing said.", whole).dropped} == {
+            "2.4.1", "7", "3f9a2c1e5b7d"
+        }  # fmt: skip
+        assert [f.value for f in check("Nothing said.", part).dropped] == ["2.4.1"]
+        restated = check("The retry ceiling is 7.", part)
+        assert restated.ungrounded == () and restated.sources
+
     def test_summary_activation_has_counts_and_no_text(self) -> None:
         """The `summary` activation is counts, kinds and ratios: no fact's text or value."""
         g = check("Retries capped at 5; see config/agent.yaml.", self.seed())

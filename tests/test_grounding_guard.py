@@ -236,6 +236,26 @@ class TestWayForward:
         assert remedied.remedy == "pin" and remedied.ref is not None
         assert any(p.value == "7" for p in remedied.pinned)
 
+    def test_a_pointer_in_the_input_is_no_fact_the_summary_drops(self) -> None:
+        """A window holding a remedy's pointer is summarized: the pointer is carried into the
+        output verbatim, so neither its wording (the ref, a hash) nor the facts it pinned are
+        facts the summary dropped; a summary restating a pinned fact is grounded."""
+        guard = seed_guard()
+        summarize = guard(summarizer("retries capped at 5"), summarizer="s", remedy=True)
+        with request(window="w"):
+            pointer = summarize([CONFIG, TURNS[0]])
+        assert "retry_ceiling: 7 [cfg-retry-ceiling]" in pointer
+        guard.record_source("user: and the status?", kind="user_turn")
+        window = [pointer, "user: and the status?"]
+        for claim in ("the archive holds the history", "retry ceiling is 7 (from config)"):
+            again = guard(summarizer(claim), summarizer="s")
+            with request(window="w"), capture_decisions(guard) as seen:
+                out = again(window)
+            decision, activation = seen[-1]
+            assert decision.effect == "allow", decision.message
+            assert activation["summary"]["dropped"] == 0, activation["summary"]
+            assert out.endswith(pointer)  # carried
+
 
 def load_default_text() -> str:
     from importlib import resources

@@ -574,4 +574,6 @@ def guard_refusal(guard: policyhook.Guard, value: Any) -> policyhook.UnsafeRecom
     """A refusal of `value` to remedy: the guard's own decision, made a deny (the policy
     named the pin remedy), so `Guard.remedy` runs on what the guard read."""
     decision = guard.check(value, summarizer="s")
-    return policyhook.UnsafeRecompactionError(dataclasses.replace(decision, effect=policyhook.Effect.DENY))
+    return policyhook.UnsafeRecompactionError(
+        dataclasses.replace(decision, effect=policyhook.Effect.DENY)
+    )
