@@ -39,11 +39,13 @@ def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str
 
 
 def test_demo_exits_zero_and_shows_the_refusal() -> None:
-    """`policyhook demo` runs on embedded defaults and shows passes 3-4 refused."""
+    """`policyhook demo` runs on embedded defaults and shows passes 3-4 refused, then
+    remedied."""
     result = cli("demo", "--no-otlp")
     assert result.returncode == 0, result.stderr
     assert "pass 3 refused" in result.stdout
     assert "never entered" in result.stdout
+    assert "pass 4's summary refused (grounded-numbers)" in result.stdout  # and remedied
 
 
 class TestCheck:

@@ -21,6 +21,7 @@ from test_telemetry import telemetry as telemetry  # the fixture
 import policyhook
 from policyhook import Guard, MemoryStore, UnsafeRecompactionError
 from policyhook._demo import run as run_demo
+from policyhook._demo import with_remedies
 from policyhook._telemetry import STORE_ERRORS
 from policyhook.testing import capture_decisions
 
@@ -88,6 +89,30 @@ class TestSeedScenario:
         assert [r.claim for r in rows][-1] == "retries are capped"
         assert "never entered" in out.getvalue()
         assert "retries capped at 5" in out.getvalue()  # the unguarded run shows the failure
+
+    def test_demo_with_remedies_keeps_the_window_in_budget(self) -> None:
+        """The demo's third run: the same refusals, each remedied with a pointer in the
+        window's place (two messages after every pass), archives that come back exactly,
+        and no '5'."""
+        out = io.StringIO()
+        run_demo(out)
+        assert "4 messages after pass 4" in out.getvalue()  # the refusals alone: it grew
+        assert "With policyhook and remedies" in out.getvalue()
+        rows = with_remedies(out := io.StringIO(), Guard())
+        assert [(r.decision, r.rule, r.remedy, r.messages) for r in rows] == [
+            ("allow", "-", "-", 2),
+            ("allow", "-", "-", 2),
+            ("deny", "live-sources", "pin", 2),
+            ("deny", "grounded-numbers", "pin", 2),
+        ]
+        assert [r.holds.split(" ")[0] for r in rows] == [
+            "summary:",
+            "summary:",
+            "pointer",
+            "pointer",
+        ]
+        assert "comes back exactly" in out.getvalue()
+        assert "the '5' never entered" in out.getvalue()
 
 
 class TestWrapping:
