@@ -131,10 +131,15 @@ def test_report_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_readme_table_is_the_last_full_run() -> None:
-    """The README's fidelity table is what a full run of the harness prints (seed 7)."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    """The README's fidelity table, and docs/fidelity.md's whole one, are what a full run of
+    the harness prints (seed 7)."""
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    docs = (root / "docs" / "fidelity.md").read_text(encoding="utf-8").splitlines()
     rows = fidelity.table(list(fidelity.runs(fidelity.Config()))).splitlines()[2:]
     cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
     for c in cells:
         if c[0] in ("lossy", "confabulating"):
             assert f"| {c[0]} | {c[1]} | {c[3]} | {c[5]} | {c[6]} |" in readme, c
+    shown = [line for line in docs if line.startswith(("| faithful", "| lossy", "| confab"))]
+    assert shown[: len(rows)] == rows  # (then the adapters' rows, which this run leaves out)
