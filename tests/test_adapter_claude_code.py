@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import json
 import os
 import re
@@ -20,9 +22,9 @@ from outage import one_fault, store_down
 from test_telemetry import OtlpReceiver
 from test_telemetry import receiver as receiver  # the fixture
 
-from policyhook import Guard, MemoryStore, Region, SQLiteStore, Store
+from policyhook import Effect, Guard, MemoryStore, Region, SQLiteStore, Store, remedies
 from policyhook._telemetry import SPAN_NAME
-from policyhook.adapters.claude_code import decide, read_transcript
+from policyhook.adapters.claude_code import answer, decide, read_transcript
 from policyhook.testing import capture_decisions
 
 FIXTURES = Path(__file__).parent / "fixtures" / "claude"
@@ -829,6 +831,8 @@ class TestAutomaticRefusals:
         assert result.returncode == 0, result.stderr
         answer = json.loads(result.stdout)
         assert set(answer) == {"systemMessage"} and "goes ahead" in answer["systemMessage"]
+        counted = r"\((\d+) messages?\), with (\d+) exact facts? for the new window"
+        assert re.search(counted, answer["systemMessage"])
         assert hook.last()["decision"] == "deny"  # the refusal is what the logs say
         context = session_start(hook)
         assert context is not None and context["hookEventName"] == "SessionStart"
@@ -837,6 +841,21 @@ class TestAutomaticRefusals:
         assert f"policyhook retrieve {ref} --store {hook.store}" in text
         assert "/home/dev/app/config/agent.yaml" in text  # a live source's path, pinned verbatim
         assert session_start(hook) is None  # handed on once
+
+    def test_the_message_counts_in_words(self) -> None:
+        """One message, one fact: the system message reads as English, not "1 messages"."""
+        decision = Guard().check("an original", summarizer="s")
+        for items, facts, said in (
+            (1, 1, "(1 message), with 1 exact fact"),
+            (2, 0, "(2 messages), with 0 exact facts"),
+        ):
+            pinned = remedies.Remedied(
+                "pin", "pin", "pointer", ref="offload:ab", archived_items=items,
+                pinned=(remedies.Pinned("path", "", "/etc/app.yaml", "cfg"),) * facts,
+            )  # fmt: skip
+            out = io.StringIO()
+            answer(dataclasses.replace(decision, effect=Effect.DENY), out, pinned=pinned)
+            assert said in json.loads(out.getvalue())["systemMessage"]
 
     def test_retrieve_gives_the_archived_history_back_exactly(self, hook: Hook) -> None:
         """`policyhook retrieve REF --store` prints what the remedy archived; errors exit 2."""

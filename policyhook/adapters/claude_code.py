@@ -729,6 +729,10 @@ def _reason(decision: Decision, transcript: Transcript | None = None) -> str:
     return reason
 
 
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
 def answer(
     decision: Decision,
     out: TextIO,
@@ -749,8 +753,8 @@ def answer(
             f"policy {decision.policy!r}, rule {decision.rule!r}, decision "
             f"{decision.decision_id}). It goes ahead so the session can continue: the history is "
             f"archived as {pinned.ref} "
-            f"({pinned.archived_items} messages) and {len(pinned.pinned)} exact facts are "
-            "handed to the new window (SessionStart)."
+            f"({_count(pinned.archived_items, 'message')}), with "
+            f"{_count(len(pinned.pinned), 'exact fact')} for the new window (SessionStart)."
         )
         json.dump({"systemMessage": _clean(message)}, out)
     elif decision.effect == Effect.DENY:
