@@ -27,9 +27,12 @@ import re
 import threading
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from policyhook._policy import REMEDIES
+
+if TYPE_CHECKING:
+    from policyhook.grounding import Fact
 
 Remedy = Literal["rederive", "offload", "pin", "escalate"]
 #: What a refusal falls back to when its remedy cannot run: lossless, always possible.
@@ -47,6 +50,12 @@ _BLOCK_RE = re.compile(
 )
 
 
+#: The key a number is assigned to, right before it: a name (`retry_ceiling`, `cfg.max-conns`),
+#: or up to three plain words (`max connections`), then `:` or `=` (quotes around either).
+_ASSIGNED_KEY_RE = re.compile(
+    r"(?P<words>(?:[A-Za-z]+ ){0,2})(?P<name>[A-Za-z_][\w.\-]*)[\"']?[ \t]*[:=][ \t]*[\"']?$"
+)
+_WORD_RE = re.compile(r"[\w.\-]+")
 #: A fact a pointer lists (`pointer_text`): `- <fact> [<source id>]`.
 #: (A fact holds no " [", a source id may: the first one ends the fact.)
 _PINNED_LINE_RE = re.compile(r"^- (?P<fact>.*?) \[(?P<source>.*)\]$", re.MULTILINE)
@@ -322,22 +331,29 @@ PIN_KINDS = ("number", "version", "path", "url", "ticket", "hash", "uuid", "iden
 def pin(texts: Iterable[tuple[str, str]], limit: int = 40) -> tuple[Pinned, ...]:
     """The exact facts stated by `texts` ((source id, text) pairs), at most `limit`.
 
-    Numbers count only with their key beside them (`retry_ceiling: 7`): a bare number is no fact
-    anyone can re-use. Kinds are taken in `PIN_KINDS` order, each fact once, with the first source
-    stating it. A pointer of an earlier remedy in a text (its region offloaded again) hands on
-    the facts it pinned, each with the source it came from; its own wording (the ref, the
-    retrieval tool) states no fact.
+    Numbers count only with their key beside them (`retry_ceiling: 7`, the key as written): a
+    bare number is no fact anyone can re-use. Kinds are taken in `PIN_KINDS` order, each fact
+    once, with the first source stating it; an identifier that is a pinned number's key is not
+    pinned again on its own. A pointer of an earlier remedy in a text (its region offloaded
+    again) hands on the facts it pinned, each with the source it came from; its own wording
+    (the ref, the retrieval tool) states no fact.
     """
-    found: dict[tuple[str, str], Pinned] = {}
+    found: dict[tuple[str, str, str], Pinned] = {}
     for source_id, text in texts:
         for block in _BLOCK_RE.finditer(text):
             for line in _PINNED_LINE_RE.finditer(block.group()):
                 for fact in _listed(line["fact"], line["source"]):
-                    found.setdefault((fact.kind, fact.value), fact)
+                    found.setdefault((fact.kind, fact.key, fact.value), fact)
         for fact in _pinnable(without_pointers(text), source_id):
-            found.setdefault((fact.kind, fact.value), fact)
+            found.setdefault((fact.kind, fact.key, fact.value), fact)
+    keys = {
+        w for p in found.values() for run in _WORD_RE.findall(p.key) for w in (run, *run.split("."))
+    }
     rank = {kind: i for i, kind in enumerate(PIN_KINDS)}
-    ordered = sorted(found.values(), key=lambda p: rank[p.kind])  # stable: first seen first
+    ordered = sorted(
+        (p for p in found.values() if p.kind != "identifier" or p.value not in keys),
+        key=lambda p: rank[p.kind],
+    )  # stable: first seen first
     return tuple(ordered[:limit])
 
 
@@ -354,10 +370,23 @@ def _pinnable(text: str, source_id: str) -> list[Pinned]:
     from policyhook.grounding import extract
 
     return [
-        Pinned(fact.kind, fact.key if fact.kind == "number" else "", fact.text, source_id)
+        Pinned(
+            fact.kind, _key_of(text, fact) if fact.kind == "number" else "", fact.text, source_id
+        )
         for fact in extract(text)
         if fact.kind in PIN_KINDS and (fact.kind != "number" or fact.assigned)
     ]
+
+
+def _key_of(text: str, fact: Fact) -> str:
+    """The key a number is assigned to, as written: `retry_ceiling` in `agent.yaml:
+    retry_ceiling: 7`, `max connections` in `max connections = 100` (the grounding check's
+    key is its context words, `yaml retry_ceiling`)."""
+    written = _ASSIGNED_KEY_RE.search(text, max(0, fact.start - 120), fact.start)
+    if written is None:
+        return fact.key
+    words, name = written.group("words", "name")
+    return words + name if name.isalpha() else name
 
 
 # -- one remedy, as a plan the sync and async drivers both run ---------------------------------

@@ -484,6 +484,31 @@ FACT_TEXTS = (
 )
 
 
+class TestPinnedFacts:
+    """What `pin` carries is what a reader re-uses: each keyed value, its key as written."""
+
+    def test_a_number_is_pinned_with_its_key_as_written(self) -> None:
+        text = (
+            'config/agent.yaml: retry_ceiling: 7\nmax connections = 100\n{"timeout_s": 30}\n'
+            "self.backoff_ms = 250"
+        )
+        assert [str(p) for p in remedies.pin([("cfg", text)]) if p.kind == "number"] == [
+            "retry_ceiling: 7 [cfg]",
+            "max connections: 100 [cfg]",
+            "timeout_s: 30 [cfg]",
+            "self.backoff_ms: 250 [cfg]",
+        ]
+
+    def test_two_keys_with_one_value_are_both_pinned(self) -> None:
+        """`workers: 7` beside `retry_ceiling: 7` is another fact, not the same 7."""
+        pinned = remedies.pin([("cfg", '{"retry_ceiling": 7, "workers": 7}')])
+        assert [(p.key, p.value) for p in pinned] == [("retry_ceiling", "7"), ("workers", "7")]
+
+    def test_a_key_is_not_pinned_again_as_an_identifier(self) -> None:
+        pinned = remedies.pin([("cfg", "retry_ceiling: 7 applies to fetch_invoices only")])
+        assert [p.value for p in pinned if p.kind == "identifier"] == ["fetch_invoices"]
+
+
 class TestPinThroughPointers:
     """A region offloaded again holds an earlier pointer: its pinned facts go on, each with the
     source it came from, and the pointer's own wording (ref, tool name) pins nothing."""
@@ -567,7 +592,7 @@ class TestPinThroughPointers:
         assert set(first.pinned) <= set(second.pinned)
         wording = ("retrieve_context", (first.ref or "").partition(":")[2])
         assert not any(p.value in wording for p in second.pinned)
-        assert "- yaml retry_ceiling: 7 [cfg-42]" in second.text
+        assert "- retry_ceiling: 7 [cfg-42]" in second.text
 
 
 def guard_refusal(guard: policyhook.Guard, value: Any) -> policyhook.UnsafeRecompactionError:
