@@ -1607,10 +1607,15 @@ class Ledger:
                 # A summary's end is its own, not unrecognised content
                 over.append((_TEXT, digest_, _chars(data, cursor, end, ascii), 0, _NO_PART))
                 cursor = end
-            elif start < inside and start >= within:  # inside a dead source: found as well
-                over.append((_TEXT, digest_, 0, 0, _NO_PART))
-                if not (uncover and entry.depth == 0 and entry.id in uncover):
-                    within = end  # (a dead source in it hides nothing either: searched on)
+            elif start < inside:  # inside a dead source: found as where it is not known
+                if start >= within:
+                    over.append((_TEXT, digest_, 0, 0, _NO_PART))
+                    if not (uncover and entry.depth == 0 and entry.id in uncover):
+                        within = end  # (a dead source in it hides nothing either: searched on)
+                elif end > within:  # starts inside the last one found in it, ends past it
+                    over.append((_TEXT, digest_, 0, 0, _NO_PART))
+                    if entry.depth > 0:  # a summary's end is its own; a source's searched on
+                        within = end
         if cursor < len(data):
             ops.extend(self._gap(text, data, key, cursor, len(data), ascii))
         return (*ops, *over)

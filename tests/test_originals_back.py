@@ -385,6 +385,29 @@ def test_a_dead_source_running_past_a_found_text_hides_nothing_it_holds(max_text
         assert decision.effect == "deny" and "base" in decision.dead_sources
 
 
+@pytest.mark.parametrize("max_texts", [65_536, 1], ids=["cached", "small-cache"])
+def test_a_summary_overlapping_a_live_source_inside_a_dead_one_is_found(max_texts: int) -> None:
+    """A dead source given whole, holding a live source that runs into a summary's first
+    bytes: inside the dead source a text starting in the last one found and ending past it
+    was skipped, so the summary went unseen (depth 0, allowed) by every guard that found the
+    dead source, and was found (refused) by one that could not. Inside a dead source, the
+    known texts are found as where it is not known: a summary's end is its own. Found by
+    `test_dead_sources_cut_anywhere_decide_nothing` at 10x."""
+    store = MemoryStore()
+    guard = Guard(store=store, max_texts=max_texts)
+    message = f"zqdx own words{SUMMARY}"
+    guard.record_source(message, "tool_output", source_id="dead")
+    guard.record_source(message[1:17], "tool_output", source_id="live")  # into SUMMARY's start
+    guard.record_source("the live base of the summary", "tool_output", source_id="base")
+    guard.ledger.record_summary(SUMMARY, guard.provenance(["the live base of the summary"]), "w")
+    assert store.evict("dead")
+    for reader in (guard, Guard(store=store)):
+        region = reader.provenance([message])
+        assert region.depth == 1 and {"base", "live"} <= region.sources
+        decision = reader.check([message], summarizer="s", enforce=False)
+        assert decision.effect == "deny" and decision.dead_sources
+
+
 @pytest.mark.parametrize("cached", [True, False], ids=["cached", "restarted"])
 @pytest.mark.parametrize("inside", [True, False], ids=["in-the-inner", "in-the-outer"])
 def test_nested_dead_sources_with_content_of_their_own_are_refused(
