@@ -12,13 +12,15 @@ nothing is lost (the archive comes back exactly), and the "5" never enters.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
 from policyhook import remedies
 from policyhook._errors import UnsafeRecompactionError
 from policyhook._hook import Guard, request
+from policyhook._policy import Decision
 from policyhook._provenance import Source
 from policyhook.testing import capture_decisions
 
@@ -93,13 +95,7 @@ def run(out: TextIO, guard: Guard | None = None) -> list[Pass]:
     passes: list[Pass] = []
     window = [CONFIG, TURNS[0]]
     for number in range(1, 5):
-        if number == 3:
-            guard.store.evict(config.id)
-            out.write(f"  before pass 3 the store evicts {config.id!r}\n")
-        with (
-            request(trigger="automatic", budget_pressure=0.92, window="demo"),
-            capture_decisions(guard) as seen,
-        ):
+        with _compaction(guard, config, number, "demo", out) as seen:
             try:
                 window = [summarize(window), TURNS[number]]
             except UnsafeRecompactionError as refusal:
@@ -135,6 +131,22 @@ def run(out: TextIO, guard: Guard | None = None) -> list[Pass]:
     return passes
 
 
+@contextmanager
+def _compaction(
+    guard: Guard, config: Source, number: int, window: str, out: TextIO
+) -> Iterator[list[tuple[Decision, Mapping[str, Any]]]]:
+    """Pass `number`: an automatic compaction at 92% of the budget, its decisions captured;
+    before pass 3 the store evicts the config read."""
+    if number == 3:
+        guard.store.evict(config.id)
+        out.write(f"  before pass 3 the store evicts {config.id!r}\n")
+    with (
+        request(trigger="automatic", budget_pressure=0.92, window=window),
+        capture_decisions(guard) as seen,
+    ):
+        yield seen
+
+
 def _record_sources(guard: Guard) -> Source:
     """The runtime registers the config read and every turn as it sees them."""
     config = guard.record_source(CONFIG, kind="config_read", source_id="cfg-retry-ceiling")
@@ -152,13 +164,7 @@ def with_remedies(out: TextIO, guard: Guard) -> list[RemediedPass]:
     window = [CONFIG, TURNS[0]]
     archived: dict[str, list[str]] = {}
     for number in range(1, 5):
-        if number == 3:
-            guard.store.evict(config.id)
-            out.write(f"  before pass 3 the store evicts {config.id!r}\n")
-        with (
-            request(trigger="automatic", budget_pressure=0.92, window="demo-remedies"),
-            capture_decisions(guard) as seen,
-        ):
+        with _compaction(guard, config, number, "demo-remedies", out) as seen:
             result = summarize(window)
         refs = remedies.pointers(result)
         decision, activation = seen[-1]  # the output's, when the input's was an allow
