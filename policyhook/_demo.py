@@ -185,7 +185,7 @@ def with_remedies(out: TextIO, guard: Guard) -> list[RemediedPass]:
                 number=number,
                 decision=decision.effect,
                 rule=decision.rule or "-",
-                remedy=decision.remedy or "-" if refs else "-",
+                remedy=(decision.remedy or "-") if refs else "-",
                 messages=len(window),
                 holds=holds,
             )
