@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from policyhook import Guard, PolicyError, UnsafeRecompactionError, request
+from policyhook import Guard, PolicyError, UnsafeRecompactionError, remedies, request
 from policyhook._demo import CONFIG, TURNS
 from policyhook._loader import compile_sources, load_default
 from policyhook.testing import PolicyTestError, capture_decisions, run_tests
@@ -255,6 +255,20 @@ class TestWayForward:
             assert decision.effect == "allow", decision.message
             assert activation["summary"]["dropped"] == 0, activation["summary"]
             assert out.endswith(pointer)  # carried
+
+    def test_a_list_after_a_pointer_is_the_summarizer_s_and_checked(self) -> None:
+        """A summary keeping a pointer that pinned nothing, then a list of its own: the list
+        is the summarizer's claim, checked like the rest (it was read as the pointer's pinned
+        facts and skipped, so an invented number in it passed)."""
+        guard = seed_guard()
+        pointer = remedies.pointer_text("offload:00aa11bb", ["archived"])
+        assert remedies.pin([("p", pointer)]) == ()
+        guard.record_source(pointer, kind=remedies.POINTER_KIND)
+        said = pointer + "\n- retries capped at 5"
+        summarize = guard(lambda messages: said, summarizer="s")
+        with request(window="w"), pytest.raises(UnsafeRecompactionError) as refused:
+            summarize([pointer, TURNS[0]])
+        assert refused.value.rule == "grounded-numbers"
 
 
 def load_default_text() -> str:
