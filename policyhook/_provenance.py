@@ -1175,7 +1175,11 @@ class Ledger:
             self.write_unwritten()
         asked: list[str] = []
         with self._lock:
+            index = (self._epoch, self._index.added)
             first = self._reading(_Deferred(self.store, asked), items)
+            # A text learnt from the store during that pass (by anchor, while the cache is
+            # incomplete) came after the messages before it were split: they are split again.
+            learnt = index != (self._epoch, self._index.added)
             cursor = self._cursor
         try:  # the round trip, outside the lock: other threads decide meanwhile
             held = first.held
@@ -1189,7 +1193,7 @@ class Ledger:
                 resolution = replace(self._reading(_Failing(exc), items), failure=exc)
         else:
             with self._lock:
-                resolution = self._seen(view, items, window, first, asked)
+                resolution = self._seen(view, items, window, first, asked, learnt)
         # Sources found whole, inside units or as Regions' texts: when dead, they hide nothing.
         # (Most calls find them all live, as the view answered: nothing more to do.)
         embedded, live = resolution.embedded, resolution.live
@@ -1245,10 +1249,11 @@ class Ledger:
         window: str,
         first: Resolution,
         asked: list[str],
+        learnt: bool = False,
     ) -> Resolution:
         """`first` (resolved before `view`) with what the view brought: learnt, and resolved
-        again if it changed what the input is made of."""
-        changed = self._take(view.since, items) or bool(view.entries)
+        again if it changed what the input is made of, or if `first` learnt texts itself."""
+        changed = self._take(view.since, items) or bool(view.entries) or learnt
         if view.cursor > self._cursor:  # (another thread's view may be newer)
             self._cursor = view.cursor
         if view.entries:  # (`rests_on` is of summaries among them)

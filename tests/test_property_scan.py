@@ -224,3 +224,23 @@ for machine in (Scan, ScanWindows):
     machine.TestCase.settings = deep.suite(60, 40, HealthCheck.filter_too_much)
 TestScan = Scan.TestCase
 TestScanWindows = ScanWindows.TestCase
+
+
+def test_a_text_learnt_from_the_store_mid_pass_splits_the_messages_before_it_again() -> None:
+    """Found by `Scan` at 10x: with a cache of one text, a pass over `[m, m3, m]` learnt texts
+    from the store by anchor after the first copy of `m` was split, and that copy kept its older
+    reading: its summary went on without the source another ledger had added to it since."""
+    machine = Scan()
+    try:
+        machine.setup(max_texts=1)
+        machine.record_source(3, here=True)
+        machine.record_summary(0, here=True, base=0)
+        machine.compose([0])
+        machine.many_new_texts(_LOG, here=True)
+        machine.compose([0])
+        machine.compose([10])
+        machine.resolve([0, 0], large=False)
+        machine.record_summary(0, here=False, base=2)
+        machine.resolve([0, 3, 0], large=False)
+    finally:
+        machine.teardown()
