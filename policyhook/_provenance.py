@@ -1007,9 +1007,11 @@ class Ledger:
         cost about as much again as searching it."""
         bare = self._message_digests(text, data)[1]
         if bare is not None:
+            # Its stripped form a summary's text; a source's is searched on, as `_resolve` does
+            # when recording (a text that source quotes may have become a summary since)
             entry = self._fetch([bare]).get(bare)
-            if entry is not None:
-                return entry.depth > 0
+            if entry is not None and entry.depth > 0:
+                return True
         hits = self._confirmed(data, self._index.find(data, summaries=True))
         if not self._complete:  # texts the cache does not hold, asked of the store
             hits |= self._confirmed(data, self._ask_store(data))

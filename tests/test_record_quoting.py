@@ -54,6 +54,17 @@ class TestRecordedAsResolvingWhole:
         ],
         max_texts=3,
     )
+    @example(  # a turn given again with whitespace around it, after a text it quotes was
+        # recorded as a summary (found at POLICYHOOK_DEEP=10: its stripped form's entry, a
+        # source recorded before, answered "quotes no summary")
+        steps=[
+            ("source", ["retry", "retry", "retry"]),
+            ("turn", ["retry", ("known", 0, "")]),
+            ("again", 0, []),
+            ("turn", [("known", 1, " ")]),
+        ],
+        max_texts=3,
+    )
     def test_each_text_is_recorded_as_when_resolved_whole(
         self, steps: list[tuple[Any, ...]], max_texts: int
     ) -> None:

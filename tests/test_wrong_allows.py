@@ -388,6 +388,34 @@ class TestATextKeepsItsIdWhenRecordedAgain:
             assert deciding.check([summary], summarizer="p").effect == "deny"
 
 
+class TestATurnGivenAgainWithWhitespace:
+    """A turn quoting a text that a summarizer wrote only after the turn was recorded, given
+    again with whitespace around it: recorded as a new turn, it quotes a summary, so it rests on
+    the summary's sources. The record's quick check answered from the entry of its stripped form
+    (the first turn, recorded as evidence before the text was a summary's) and recorded it as
+    evidence: its summary was allowed with the summary's source gone. Found by
+    `tests/test_record_quoting.py` at `POLICYHOOK_DEEP=10`."""
+
+    @pytest.mark.parametrize("kind", ["memory", "sqlite"])
+    def test_it_rests_on_the_summary_it_quotes(self, tmp_path: Path, kind: str) -> None:
+        path = tmp_path / "s.sqlite"
+        store: Store = MemoryStore() if kind == "memory" else SQLiteStore(path)
+        guard = Guard(store=store)
+        quoted = "the retry ceiling is seven, read from agent.yaml by the deploy job"
+        turn = f"assistant: as the tool said, {quoted}"
+        guard.record_source(SOURCE, "config_read", source_id="config")
+        guard.record_source(turn, "assistant_turn", source_id="turn")
+        guard(lambda text: quoted, summarizer="s")(SOURCE)  # the turn's words, a summary's now
+        assert store.evict("config")
+        again = f" {turn}\n"
+        guard.record_source(again, "assistant_turn", source_id="again")
+        later = Guard(store=store if kind == "memory" else SQLiteStore(path))
+        for deciding in (guard, later):
+            assert "config" in deciding.provenance([again]).sources
+            decision = deciding.check([again], summarizer="s", enforce=False)
+            assert decision.effect == "deny" and "config" in decision.dead_sources
+
+
 class TestAStoreDownWithADeadSourceCached:
     """A tool output recorded as a source, holding a summary's text, then evicted: with the
     store up it hides nothing (the summary inside it is found, its base gone: refused). With the
