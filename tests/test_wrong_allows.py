@@ -5,6 +5,7 @@ of how it came back.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar, cast
@@ -32,6 +33,15 @@ def summarized_then_evicted(output: str) -> tuple[Guard, str]:
     got = guard(lambda text: output, summarizer="s")(SOURCE)
     guard.store.evict("cfg")
     return guard, got
+
+
+def store_of(kind: str, path: Path) -> tuple[Store, Callable[[], Store]]:
+    """A store of `kind` ("memory" or "sqlite", at `path`), and how another process opens the
+    same one (a MemoryStore is shared as it is)."""
+    if kind == "memory":
+        memory = MemoryStore()
+        return memory, lambda: memory
+    return SQLiteStore(path), lambda: SQLiteStore(path)
 
 
 class TestShortOutputsWithWhitespace:
@@ -120,7 +130,7 @@ class TestRegisteringASummaryWhileTheStoreFails:
         is still refused once its source is gone, by this guard and by a new one, and after
         the text is registered again."""
         path = tmp_path / "store.sqlite"
-        inner: Store = MemoryStore() if kind == "memory" else SQLiteStore(path)
+        inner, reopen = store_of(kind, path)
         store = Faulty(inner, operation)
         guard = Guard(store=cast(Store, store))
         guard.record_source(SOURCE, "config_read", "cfg")
@@ -131,15 +141,11 @@ class TestRegisteringASummaryWhileTheStoreFails:
         with pytest.raises(OSError):
             guard.record_source(registered, "ai_turn", "msg-1")
         store.failing = False
-        later = Guard(store=inner if kind == "memory" else SQLiteStore(path))
+        later = Guard(store=reopen())
         for deciding in (guard, later):
             assert deciding.check(registered, summarizer="p").effect == "deny"
         guard.record_source(registered, "ai_turn", "msg-1")
-        for deciding in (
-            guard,
-            later,
-            Guard(store=inner if kind == "memory" else SQLiteStore(path)),
-        ):
+        for deciding in (guard, later, Guard(store=reopen())):
             region = deciding.provenance(registered)
             assert region.depth == 1 and "cfg" in region.sources
             assert deciding.check(registered, summarizer="p").effect == "deny"
@@ -157,7 +163,7 @@ class TestRegisteringWhileTheStoreFailsToRead:
     ) -> None:
         """record_source raises the store's error; registered again, the text is evidence."""
         path = tmp_path / "store.sqlite"
-        inner: Store = MemoryStore() if kind == "memory" else SQLiteStore(path)
+        inner, reopen = store_of(kind, path)
         store = Faulty(inner, "lookup", after=0)  # its lookup, before it is recognised
         guard = Guard(store=cast(Store, store))
         store.failing = True
@@ -165,7 +171,7 @@ class TestRegisteringWhileTheStoreFailsToRead:
             guard.record_source(SOURCE, "config_read", "cfg")
         store.failing = False
         guard.record_source(SOURCE, "config_read", "cfg")
-        for deciding in (guard, Guard(store=inner if kind == "memory" else SQLiteStore(path))):
+        for deciding in (guard, Guard(store=reopen())):
             assert deciding.provenance(SOURCE).depth == 0
             assert deciding.check(SOURCE, summarizer="p").effect == "allow"
 
@@ -370,8 +376,7 @@ class TestATextKeepsItsIdWhenRecordedAgain:
 
     @pytest.mark.parametrize("kind", ["memory", "sqlite"])
     def test_what_rests_on_a_quoting_text_keeps_it(self, tmp_path: Path, kind: str) -> None:
-        path = tmp_path / "s.sqlite"
-        store: Store = MemoryStore() if kind == "memory" else SQLiteStore(path)
+        store, reopen = store_of(kind, tmp_path / "s.sqlite")
         guard = Guard(store=store)
         base = "tool output: the nightly deploy notes, and the backoff jitter settings"
         summary = "Summary: the nightly deploy keeps its backoff jitter settings."
@@ -382,7 +387,7 @@ class TestATextKeepsItsIdWhenRecordedAgain:
         guard(lambda text: summary, summarizer="s")(quoting)  # the summary rests on it too
         guard(lambda text: quoting, summarizer="s")(base)  # the quoting text written again
         store.evict("quoting")
-        later = Guard(store=store if kind == "memory" else SQLiteStore(path))
+        later = Guard(store=reopen())
         for deciding in (guard, later):
             assert "quoting" in deciding.provenance([summary]).sources
             assert deciding.check([summary], summarizer="p").effect == "deny"
@@ -398,8 +403,7 @@ class TestATurnGivenAgainWithWhitespace:
 
     @pytest.mark.parametrize("kind", ["memory", "sqlite"])
     def test_it_rests_on_the_summary_it_quotes(self, tmp_path: Path, kind: str) -> None:
-        path = tmp_path / "s.sqlite"
-        store: Store = MemoryStore() if kind == "memory" else SQLiteStore(path)
+        store, reopen = store_of(kind, tmp_path / "s.sqlite")
         guard = Guard(store=store)
         quoted = "the retry ceiling is seven, read from agent.yaml by the deploy job"
         turn = f"assistant: as the tool said, {quoted}"
@@ -409,7 +413,7 @@ class TestATurnGivenAgainWithWhitespace:
         assert store.evict("config")
         again = f" {turn}\n"
         guard.record_source(again, "assistant_turn", source_id="again")
-        later = Guard(store=store if kind == "memory" else SQLiteStore(path))
+        later = Guard(store=reopen())
         for deciding in (guard, later):
             assert "config" in deciding.provenance([again]).sources
             decision = deciding.check([again], summarizer="s", enforce=False)
