@@ -1251,7 +1251,7 @@ class Ledger:
         window: str,
         first: Resolution,
         asked: list[str],
-        learnt: bool = False,
+        learnt: bool,
     ) -> Resolution:
         """`first` (resolved before `view`) with what the view brought: learnt, and resolved
         again if it changed what the input is made of, or if `first` learnt texts itself."""
