@@ -998,7 +998,9 @@ class Ledger:
         """False only when `text` (`key`: its digest, known to no store: caught up and looked
         up whole already) holds no known summary: then `_resolve([text])` would find it depth 0
         (original evidence), all `_carried` needs to know. The rest of `_resolve`'s search (its
-        stripped form looked up whole; the index, and the store while the cache is incomplete),
+        stripped form looked up whole, a summary's; a source's is searched on, as `_resolve`
+        does when recording, for a text it quotes may have become a summary's since; the index,
+        and the store while the cache is incomplete),
         without the region it builds, nor a split remembered for a text that comes back whole
         (it is recorded next). True when a text found is not cached (then `_resolve` decides);
         a store that fails raises, as it does there.
@@ -1007,8 +1009,6 @@ class Ledger:
         cost about as much again as searching it."""
         bare = self._message_digests(text, data)[1]
         if bare is not None:
-            # Its stripped form a summary's text; a source's is searched on, as `_resolve` does
-            # when recording (a text that source quotes may have become a summary since)
             entry = self._fetch([bare]).get(bare)
             if entry is not None and entry.depth > 0:
                 return True

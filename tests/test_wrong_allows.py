@@ -315,7 +315,7 @@ class TestARegionsOwnText:
     def test_a_known_summary_in_a_region_is_refused_once_its_source_is_gone(
         self, tmp_path: Path, how: str, kind: str
     ) -> None:
-        store: Store = MemoryStore() if kind == "memory" else SQLiteStore(tmp_path / "s.sqlite")
+        store, _ = store_of(kind, tmp_path / "s.sqlite")
         guard = Guard(store=store)
         guard.record_source(SOURCE, "config_read", "cfg")
         guard(lambda text: self.SUMMARY, summarizer="s")(SOURCE)
@@ -454,7 +454,7 @@ class TestAStoreDownWithADeadSourceCached:
     def test_it_is_refused_while_the_store_is_down(
         self, tmp_path: Path, kind: str, shape: str
     ) -> None:
-        store: Store = MemoryStore() if kind == "memory" else SQLiteStore(tmp_path / "s.db")
+        store, _ = store_of(kind, tmp_path / "s.db")
         guard, value = self.recorded(store, shape)
         with store_down(store):
             assert guard.provenance(value).depth >= 1
@@ -471,7 +471,7 @@ class TestAStoreDownWithADeadSourceCached:
         """One dropped call was enough: any one of the view's reads failing (MemoryStore's
         view makes five) allowed it on the old code. Every call of the decision, failing
         alone, refuses it; so does none failing."""
-        store: Store = MemoryStore() if kind == "memory" else SQLiteStore(tmp_path / "s.db")
+        store, _ = store_of(kind, tmp_path / "s.db")
         guard, value = self.recorded(store, shape)
         with one_fault([store], 0) as calls:
             assert guard.check(value, summarizer="p").effect == "deny"
