@@ -52,11 +52,42 @@ def one_fault(stores: Sequence[Store], at: int) -> Iterator[list[str]]:
 
         return call
 
+    with _wrapped(stores, faulty):
+        yield calls
+
+
+@contextlib.contextmanager
+def raised(stores: Sequence[Store]) -> Iterator[list[str]]:
+    """What the calls of the store protocol raise inside the block, over every handle of
+    `stores` (`name: error`, in order): a server's own timeout or dropped connection, on which
+    a guard refuses (fail closed), told apart from what the guard decided."""
+    errors: list[str] = []
+
+    def watched(method: Callable[..., Any], name: str) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(*args, **kwargs)
+            except Exception as exc:
+                errors.append(f"{name}: {exc!r}")
+                raise
+
+        return call
+
+    with _wrapped(stores, watched):
+        yield errors
+
+
+@contextlib.contextmanager
+def _wrapped(
+    stores: Sequence[Store], wrap: Callable[[Callable[..., Any], str], Callable[..., Any]]
+) -> Iterator[None]:
+    """Every method of the store protocol of every handle of `stores` replaced by
+    `wrap(method, name)` inside the block."""
     patched = [(store, name) for store in stores for name in STORE_METHODS if hasattr(store, name)]
     for store, name in patched:
-        setattr(store, name, faulty(getattr(store, name), name))
+        setattr(store, name, wrap(getattr(store, name), name))
     try:
-        yield calls
+        yield
     finally:
         for store, name in patched:
             vars(store).pop(name, None)

@@ -34,7 +34,7 @@ from unittest import mock
 
 import deep
 import pytest
-from hypothesis import HealthCheck, given
+from hypothesis import HealthCheck, event, given
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -44,7 +44,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from outage import STORE_METHODS, one_fault, store_down
+from outage import STORE_METHODS, one_fault, raised, store_down
 
 import policyhook
 from policyhook import Guard, MemoryStore, Region, SQLiteStore, Store, UnsafeRecompactionError
@@ -490,7 +490,11 @@ class Provenance(RuleBasedStateMachine):
         unrecognised content is the caller's declared content, not a gap."""
         wrapped = wrapped or [False] * len(units)
         value, found = self.value(units, wrapped)
-        with policyhook.request(window=window), capture_decisions(guard) as seen:
+        with (
+            policyhook.request(window=window),
+            capture_decisions(guard) as seen,
+            raised(self.stores) as errors,
+        ):
             region = guard.provenance(value)
             decision = guard.check(value, summarizer="property")
         assert region.depth >= found.depth, (units, region, found)
@@ -498,10 +502,22 @@ class Provenance(RuleBasedStateMachine):
         # as this one, whose caches of 1-8 texts may still hold an evicted one's (inside a
         # Region's text too, where a dead source is the caller's declared content either way).
         restarted = Guard(guard.policies, store=self.stores[0], archive_originals=self.archive)
-        with policyhook.request(window=window):
+        with policyhook.request(window=window), raised(self.stores) as their_errors:
             theirs = restarted.check(value, summarizer="property")
         restarted.close()
-        assert theirs.effect == decision.effect, ("the cache decided", units, wrapped, decision)
+        # (unless a server failed on its own, a timeout under load, and that guard refused on it)
+        failed = (decision.effect == "deny" and errors) or (
+            theirs.effect == "deny" and their_errors
+        )
+        if failed:
+            event(f"a server failed on its own: {(errors or their_errors)[0].split(':')[0]}")
+        assert theirs.effect == decision.effect or failed, (
+            "the cache decided",
+            units,
+            wrapped,
+            decision,
+            theirs,
+        )
         # A window ceiling sees the region and every summary granted in the window before.
         deepest = seen[-1][1]["window"]["max_depth"]
         assert deepest >= max(region.depth, self.window_depths.get(window, 0)), (window, units)
