@@ -1584,7 +1584,9 @@ class Ledger:
         tie: `ordered`), the unrecognised gaps between them, and the known texts that start
         inside one of those and end past it (the region rests on them too; a summary's end is
         its own, not unrecognised content, its characters counted with it; a source's end is
-        searched on, as a dead one's must be where it is not found). The sources of
+        searched on, as a dead one's must be where it is not found, and what of it no text
+        found there covers is its own too, unless it is of `uncover`: registered content, as
+        where overlapping chunks of one document were registered). The sources of
         `uncover` (dead: `Ledger._declared`) hide nothing: the known texts inside one are found
         too, as where it is not known (leftmost first, longest, none of its characters). One
         holding nothing of its own is not found at all (`_holding_nothing`)."""
@@ -1595,6 +1597,7 @@ class Ledger:
         over: list[_Op] = []
         cursor = 0
         inside = within = 0  # the span of the last uncovering source found, and a cursor in it
+        shadow, shadowing = 0, ""  # the furthest end of a source running past the last text
         for start, negative, digest_ in ordered:
             entry = known.get(digest_)
             if entry is None:  # confirmed by digest, so known: only a racing eviction
@@ -1602,7 +1605,7 @@ class Ledger:
             end = start - negative
             if start >= cursor:
                 if start > cursor:
-                    ops.extend(self._gap(text, data, key, cursor, start, ascii))
+                    ops.extend(self._gap(text, data, key, cursor, start, ascii, shadow, shadowing))
                 ops.append((_TEXT, digest_, _chars(data, start, end, ascii), 0, _NO_PART))
                 cursor = end
                 if uncover and entry.depth == 0 and entry.id in uncover:
@@ -1610,6 +1613,8 @@ class Ledger:
             elif end > cursor:  # starts inside the last one found, ends past it
                 if entry.depth == 0:  # a source's end is searched on: one may turn out dead
                     over.append((_TEXT, digest_, 0, 0, _NO_PART))  # (and hide nothing)
+                    if end > shadow and not (uncover and entry.id in uncover):
+                        shadow, shadowing = end, digest_
                     continue
                 # A summary's end is its own, not unrecognised content
                 over.append((_TEXT, digest_, _chars(data, cursor, end, ascii), 0, _NO_PART))
@@ -1624,7 +1629,7 @@ class Ledger:
                     if entry.depth > 0:  # a summary's end is its own; a source's searched on
                         within = end
         if cursor < len(data):
-            ops.extend(self._gap(text, data, key, cursor, len(data), ascii))
+            ops.extend(self._gap(text, data, key, cursor, len(data), ascii, shadow, shadowing))
         return (*ops, *over)
 
     def _found(self, data: bytes, key: str) -> tuple[tuple[int, int, str], ...]:
@@ -1809,12 +1814,27 @@ class Ledger:
         return frozenset(sources)
 
     def _gap(
-        self, text: str, data: bytes, key: str, start: int, end: int, ascii: bool
+        self,
+        text: str,
+        data: bytes,
+        key: str,
+        start: int,
+        end: int,
+        ascii: bool,
+        shadow: int = 0,
+        shadowing: str = "",
     ) -> list[_Op]:
         """Unrecognised content (bytes `start:end` of the message): original, resting on a
         source of its own; none if it is only whitespace. A whole message's id is its digest;
         a gap's comes from the message's digest and the gap's place, so the input is hashed
-        once."""
+        once. Its bytes up to `shadow` are the end of the source of digest `shadowing`
+        (`_recipe`), counted with it."""
+        if shadow > start:
+            covered = min(shadow, end)
+            own = (_TEXT, shadowing, _chars(data, start, covered, ascii), 0, _NO_PART)
+            if covered == end:
+                return [own]
+            return [own, *self._gap(text, data, key, covered, end, ascii)]
         if ascii:  # (byte offsets are character offsets): whitespace only, read in place
             if _NONSPACE.search(text, start, end) is None:
                 return []

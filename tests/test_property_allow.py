@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import random
 import string
 import tempfile
 import threading
 import time
 import types
-from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar, TypeVar
 from unittest import mock
 
 import deep
@@ -48,6 +49,8 @@ from outage import STORE_METHODS, one_fault, raised, store_down
 
 import policyhook
 from policyhook import Guard, MemoryStore, Region, SQLiteStore, Store, UnsafeRecompactionError
+from policyhook._provenance import Entry, Held, View
+from policyhook.stores import State
 from policyhook.testing import capture_decisions
 
 #: Bytes under which a known text is recognised only as a whole unit (docs/inputs.md).
@@ -58,6 +61,65 @@ SPACES = ["", " ", "\n", "  \n", "\t", "\r\n"]
 TTL = 8.0
 #: Names of the server stores' schemas and key namespaces: one per example.
 _NAMESPACES = itertools.count()
+T = TypeVar("T")
+
+
+class ShuffledStore(MemoryStore):
+    """A MemoryStore answering in another order on every call, where the protocol sets none:
+    the dicts, sets and lists a server returns in the order its rows lie on disk (PostgreSQL's
+    `= ANY(...)`, which a vacuum changes). Which order comes back must decide nothing. The
+    orders come from `seed` (drawn), so an example replays."""
+
+    def __init__(self, seed: bytes, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._orders = random.Random(seed)
+
+    def _mixed(self, items: Iterable[T]) -> list[T]:
+        mixed = list(items)
+        self._orders.shuffle(mixed)
+        return mixed
+
+    def lookup(self, digests: Collection[str]) -> dict[str, Entry]:
+        return dict(self._mixed(super().lookup(digests).items()))
+
+    def by_anchor(self, anchors: Collection[str]) -> list[Entry]:
+        return self._mixed(super().by_anchor(anchors))
+
+    def rests_on(self, summary_ids: Collection[str]) -> dict[str, frozenset[str]]:
+        found = super().rests_on(summary_ids).items()
+        return {s: frozenset(self._mixed(ids)) for s, ids in self._mixed(found)}
+
+    def live(self, source_ids: Collection[str]) -> frozenset[str]:
+        return frozenset(self._mixed(super().live(source_ids)))
+
+    def get_sources(self, source_ids: Collection[str]) -> dict[str, str]:
+        return dict(self._mixed(super().get_sources(source_ids).items()))
+
+    def states(self, source_ids: Collection[str]) -> dict[str, State]:
+        return dict(self._mixed(super().states(source_ids).items()))
+
+    def view(
+        self,
+        cursor: int,
+        limit: int,
+        digests: Collection[str],
+        source_ids: Collection[str],
+        window: str | None = None,
+        *,
+        held: Held | None = None,
+    ) -> View:
+        view = super().view(cursor, limit, digests, source_ids, window, held=held)
+        return replace(
+            view,
+            entries=dict(self._mixed(view.entries.items())),
+            rests_on={s: frozenset(self._mixed(i)) for s, i in self._mixed(view.rests_on.items())},
+            live=frozenset(self._mixed(view.live)),
+        )
+
+
+# Its view is MemoryStore's own (`as_of` and `Held` included), shuffled after: not the one
+# made of the reads a subclass overrides.
+ShuffledStore._heard = False
 
 
 def encode(text: str) -> bytes:
@@ -95,6 +157,9 @@ class Oracle:
         self.known: dict[str, Known] = {}
         self.held = held
         self.shared: set[str] = set()  # ids of texts held under more than one id
+        #: The ids each text was registered under (its own, or archived): a text held under
+        #: two ids is held while one of them is, a summary's text since too.
+        self.registered: dict[str, set[str]] = {}
         #: Where each gap was found: (the unit's bytes, the gap's byte offset in it). The guard
         #: archives a unit's unrecognised content in pieces around the known texts it holds,
         #: which need not be the oracle's pieces (`covered`).
@@ -147,9 +212,16 @@ class Oracle:
         # [start, end, spans of the texts found inside it that rest on something held].
         dead: list[tuple[int, int, list[tuple[int, int]]]] = []
         inside = within = 0  # the span of the last dead source found, and a cursor in it
+        shadow = 0  # the furthest end of a held source running past the last text found
+
+        def unfound(start: int, end: int) -> tuple[str, int]:
+            """Bytes `start:end` but those a held source's end covers (its own)."""
+            start = max(start, min(shadow, end))
+            return data[start:end].decode("utf-8", "surrogatepass"), start
+
         for start, end, text in hits:
             if start >= cursor:
-                placed.append((data[cursor:start].decode("utf-8", "surrogatepass"), cursor))
+                placed.append(unfound(cursor, start))
                 if self._dead(text):
                     dead.append((start, end, []))
                     inside, within = end, start
@@ -157,9 +229,12 @@ class Oracle:
                     placed += [(gap, start) for gap in self._add(text, into)]
                 cursor = end
             elif end > cursor:  # overlapping the end of the last one found: rests on it too,
-                placed += [(gap, start) for gap in self._add(text, into)]  # its end its own
-                if self.known[text].depth > 0:  # (a source's end searched on)
+                own = self._add(text, into)  # its end its own
+                placed += [(gap, start) for gap in own]
+                if self.known[text].depth > 0:
                     cursor = end
+                elif not own:  # a held source's end is searched on, and is its own where
+                    shadow = max(shadow, end)  # no text found there covers it
             elif within <= start < inside:  # inside a dead source: found as if it were unknown
                 if not self._add(text, into):
                     dead[-1][2].append((start, end))
@@ -169,7 +244,7 @@ class Oracle:
                 placed.append((data[start:found_start].decode("utf-8", "surrogatepass"), start))
                 start = found_end
             placed.append((data[start:end].decode("utf-8", "surrogatepass"), start))
-        placed.append((data[cursor:].decode("utf-8", "surrogatepass"), cursor))
+        placed.append(unfound(cursor, len(data)))
         kept = [gap for gap, _ in placed if gap.strip()]
         for gap, at in placed:
             if gap.strip():
@@ -210,8 +285,7 @@ class Oracle:
         if source_id not in self.shared:
             return False
         return any(
-            known.depth == 0 and source_id in known.sources and any(map(self.held, known.sources))
-            for known in self.known.values()
+            source_id in ids and any(map(self.held, ids)) for ids in self.registered.values()
         )
 
     def _place(self, gap: str, data: bytes, at: int) -> None:
@@ -258,6 +332,7 @@ class Oracle:
         return found
 
     def record_source(self, text: str, source_id: str) -> None:
+        self.registered.setdefault(text, set()).add(source_id)
         earlier = self.known.get(text)
         if earlier is not None and earlier.depth > 0:  # a summary's own text stays that summary
             earlier.sources.add(source_id)
@@ -283,6 +358,7 @@ class Oracle:
         """Unregistered content the guard stored as a source (`archive_originals`)."""
         known = self.known.setdefault(text, Known(0))
         if known.depth == 0 and source_id not in known.sources:
+            self.registered.setdefault(text, set()).add(source_id)
             if known.sources:  # held under two ids: the guard finds it under the later one
                 self.shared |= known.sources | {source_id}
             known.sources.add(source_id)
@@ -332,7 +408,7 @@ class Provenance(RuleBasedStateMachine):
 
     #: The stores a run draws from ("postgres" and "redis", servers at `url`, in the machines
     #: of their own: `ProvenanceOnPostgres`, `ProvenanceOnRedis`).
-    KINDS: ClassVar[tuple[str, ...]] = ("memory", "bounded", "sqlite")
+    KINDS: ClassVar[tuple[str, ...]] = ("memory", "bounded", "shuffled", "sqlite")
     #: A server's URL (set by the test that starts it).
     url: ClassVar[str] = ""
 
@@ -382,6 +458,9 @@ class Provenance(RuleBasedStateMachine):
                 return RedisStore(self.url, namespace=namespace)
             if kind == "bounded":
                 return MemoryStore(max_sources=max_sources, max_tombstones=max_tombstones, ttl=ttl)
+            if kind == "shuffled":
+                bounds = {"max_sources": max_sources, "max_tombstones": max_tombstones}
+                return ShuffledStore(key, **bounds, ttl=ttl)
             return MemoryStore(ttl=ttl)
 
         # The store's secret key drawn, not random: every digest, id and order made from it is
@@ -776,12 +855,40 @@ def test_the_oracle_finds_what_the_docs_say() -> None:
         again.record_source("one text registered twice, by two callers", source_id)
     found = again.value(["one text registered twice, by two callers"])
     assert (found.sources, found.gaps) == ({"first"}, set())
+    # ... and returned as a summary since: its text is still held under either id.
+    again.record_summary("one text registered twice, by two callers", found)
+    assert again.text_held("second") and not again.held("second")
     # A dead source's content is what of it is not a known text found inside it.
     dead = Oracle(held=lambda source_id: source_id != "s2")
     dead.record_source("a source text long enough here", "s1")
     dead.record_source("x a source text long enough here y", "s2")
     found = dead.value(["x a source text long enough here y z"])
     assert (found.sources, found.gaps) == ({"s1"}, {"x ", " y", " z"})
+
+
+@pytest.mark.parametrize("max_texts", [1, 65_536])
+def test_a_summary_whose_text_was_registered_twice_rests_on_the_id_still_held(
+    max_texts: int,
+) -> None:
+    """A text registered under two ids, then returned by a summarizer as the summary of an
+    input holding it (found by `POLICYHOOK_DEEP=30`, where the oracle wrongly asked for both
+    ids): the summary rests on one of them. While that one holds the text, the summary's
+    content is retrievable and it may be summarized again; once it goes, it is refused."""
+    store = MemoryStore(max_sources=2, max_tombstones=0)
+    guard = Guard(store=store, max_texts=max_texts, archive_originals=True)
+    text = "zqax retry retry"
+    for source_id in ("src-1", "src-2"):
+        guard.record_source(text, "config_read", source_id)
+    with policyhook.request(window="w1"):
+        assert guard(lambda value: text, summarizer="t")([f"{text} zqdx"]) == text
+    assert store.live(["src-1", "src-2"]) == {"src-2"}  # the archived " zqdx" took src-1's place
+    with policyhook.request(window="w1"):
+        held = guard.check([text], summarizer="t")
+    assert (held.effect, held.depth, held.dead_sources) == ("allow", 1, ())
+    store.evict("src-2")
+    with policyhook.request(window="w1"):
+        gone = guard.check([text], summarizer="t")
+    assert (gone.effect, gone.dead_sources) == ("deny", ("src-2",))
 
 
 @pytest.mark.parametrize("recorded_elsewhere", [True, False])

@@ -860,6 +860,43 @@ class TestRecognitionOverlaps:
         assert region.chars == len(text)
         assert reader.check([text], summarizer="s", enforce=False).allowed is not bool(tail)
 
+    @pytest.mark.parametrize("cached", [True, False], ids=["cached", "restarted"])
+    def test_overlapping_chunks_of_a_document_leave_nothing_unregistered(
+        self, cached: bool
+    ) -> None:
+        """A document registered as chunks that overlap (a chunker's usual overlap), given
+        whole with a summary after it: the end of a chunk starting inside the one before is
+        that chunk's own text (found by `POLICYHOOK_DEEP=30`: it was taken for unregistered
+        content, and the summary's region refused though every byte is held). A summary inside
+        such an end is still found; with that chunk gone, the region is refused."""
+        store = MemoryStore()
+        guard = Guard(store=store)
+        document = "".join(
+            f"line {i}: the retry ceiling of job {i} is {i % 9}\n" for i in range(12)
+        )
+        chunks = [document[0:200], document[150:400], document[350:]]
+        for i, chunk in enumerate(chunks):
+            guard.record_source(chunk, "tool_output", f"chunk-{i}")
+        guard.record_source("the live base of the summary", "tool_output", "base")
+        summary = "zq summary: retry ceilings range 0 to 8 across twelve jobs"
+        guard.ledger.record_summary(
+            summary, guard.provenance(["the live base of the summary"]), "w"
+        )
+        text = f"{document}{summary}"
+        reader = guard if cached else Guard(store=store)
+        resolution = reader.ledger.resolve(text, "w")
+        assert resolution.unregistered == ()
+        region = resolution.region
+        assert region.depth == 1 and region.chars == len(text)
+        assert region.sources == {"chunk-0", "chunk-1", "chunk-2", "base"}
+        assert reader.check([text], summarizer="s", enforce=False).effect == "allow"
+        # A summary quoted inside a chunk's end is found there, not hidden by it.
+        quoting = f"{document[:300]}{summary}{document[300:]}"
+        assert reader.ledger.resolve(quoting, "w").region.depth == 1
+        store.evict("chunk-1")
+        refused = Guard(store=store).check([text], summarizer="s", enforce=False)
+        assert refused.effect == "deny"
+
     def test_text_recorded_as_source_and_summary(self) -> None:
         """The same text known as a source and as a summary resolves instead of crashing."""
         ledger = Ledger(MemoryStore())
