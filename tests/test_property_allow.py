@@ -177,6 +177,8 @@ class Oracle:
         data = encode(unit)
         for whole in (unit, unit.strip()):
             if whole in self.known and not self._unknown(whole, wrapped, recording):
+                if self._dead(whole):  # a dead source hides nothing it holds: found below
+                    continue  # as one inside a longer unit is (the texts inside it found)
                 own = self._add(whole, into)
                 for gap in own:
                     self._place(gap, data, data.find(encode(whole)))
@@ -858,6 +860,14 @@ def test_the_oracle_finds_what_the_docs_say() -> None:
     # ... and returned as a summary since: its text is still held under either id.
     again.record_summary("one text registered twice, by two callers", found)
     assert again.text_held("second") and not again.held("second")
+    # A unit that is a dead source's whole text hides nothing either: archived, then a
+    # summary's text with whitespace around it, it is that summary (found by a deep run, where
+    # the oracle took the unit for the dead source's content and asked a refusal).
+    gone = Oracle(held=lambda source_id: source_id != "old")
+    gone.archived(" an archived gap, a summary's text since", "old")
+    gone.record_summary("an archived gap, a summary's text since", Found())
+    found = gone.value([" an archived gap, a summary's text since"])
+    assert (found.depth, found.gaps) == (1, set())
     # A dead source's content is what of it is not a known text found inside it.
     dead = Oracle(held=lambda source_id: source_id != "s2")
     dead.record_source("a source text long enough here", "s1")
