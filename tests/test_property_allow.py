@@ -49,7 +49,7 @@ from outage import STORE_METHODS, one_fault, raised, store_down
 
 import policyhook
 from policyhook import Guard, MemoryStore, Region, SQLiteStore, Store, UnsafeRecompactionError
-from policyhook._provenance import Entry, Held, View
+from policyhook._provenance import Entry, View
 from policyhook.stores import State
 from policyhook.testing import capture_decisions
 
@@ -98,17 +98,8 @@ class ShuffledStore(MemoryStore):
     def states(self, source_ids: Collection[str]) -> dict[str, State]:
         return dict(self._mixed(super().states(source_ids).items()))
 
-    def view(
-        self,
-        cursor: int,
-        limit: int,
-        digests: Collection[str],
-        source_ids: Collection[str],
-        window: str | None = None,
-        *,
-        held: Held | None = None,
-    ) -> View:
-        view = super().view(cursor, limit, digests, source_ids, window, held=held)
+    def view(self, *args: Any, **kwargs: Any) -> View:  # (passed on: `held` is still given)
+        view = super().view(*args, **kwargs)
         return replace(
             view,
             entries=dict(self._mixed(view.entries.items())),
