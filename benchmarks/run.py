@@ -1914,6 +1914,10 @@ def main(argv: list[str] | None = None) -> int:
             bench_replay(report, backends, args.quick)
     elapsed = time.perf_counter() - started
     report.data["seconds"] = elapsed
+    report.data["tables"] = [  # as printed: benchmarks/rounds.py takes the median of runs' cells
+        {"title": title, "header": header, "rows": rows, "note": note}
+        for title, header, rows, note in report.sections
+    ]
     print(f"Whole run: {elapsed:.0f} s.")
     if args.json:
         Path(args.json).write_text(json.dumps(report.data, indent=2, default=str) + "\n")

@@ -7,6 +7,7 @@ summary stated a number no source stated), and no test ran it.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -92,3 +93,56 @@ def test_instructions_counts_the_guard_beside_the_engine() -> None:
     half = _counted("--quick", "--calls", "50")
     fair_half = next(v for k, v in half.items() if k.startswith("fair raw engine"))
     assert abs(fair_half[0] - fair[0]) < 0.01 * fair[0], (rows, half)
+
+
+def _written(tmp_path: Path, name: str, rows: list[list[str]], title: str = "Guard") -> Path:
+    """A run.py --json file holding one table with `rows`."""
+    header = ["what", "median µs", "p99 µs", "vs fair raw"]
+    table = {"title": title, "header": header, "rows": rows, "note": "Input: 1 KB."}
+    path = tmp_path / name
+    path.write_text(json.dumps({"machine": {"cpus": "2"}, "tables": [table]}))
+    return path
+
+
+def test_rounds_takes_each_cell_from_the_median_run(tmp_path: Path) -> None:
+    """`benchmarks/rounds.py --from`: every figure is the median run's own cell (as printed),
+    labels and equal cells kept, and the widest spread named, the medians' apart."""
+    runs = [
+        _written(tmp_path, "a.json", [["stubbed", "35.24", "70.86", "1.35x"], ["sdk", "281", "434", "10.77x"], ["loop", "1", "3.40 / 4.55 / 25.69", "2x"]]),
+        _written(tmp_path, "b.json", [["stubbed", "37.01", "98.10", "1.41x"], ["sdk", "174", "434", "6.70x"], ["loop", "1", "3.54 / 3.93 / 7.10", "2x"]]),
+        _written(tmp_path, "c.json", [["stubbed", "36.50", "65.00", "1.29x"], ["sdk", "1,249", "434", "12.0x"], ["loop", "1", "3.60 / 4.00 / 9.00", "2x"]]),
+    ]  # fmt: skip
+    out = _run("rounds.py", "--from", *map(str, runs))
+    assert "| stubbed | 36.50 | 70.86 | 1.35x |" in out, out
+    assert "| sdk | 281 | 434 | 10.77x |" in out, out
+    assert "| loop | 1 | 3.54 / 4.00 / 9.00 | 2x |" in out, out  # each figure's own median
+    assert "Input: 1 KB." in out
+    # sdk's median column: 174 to 1,249 over its median 281 = 383%, the widest of all.
+    assert (
+        "spread across the runs by up to 383% of their median (sdk, median µs: 174 to 1249)." in out
+    )
+
+
+def test_rounds_names_what_does_not_match(tmp_path: Path) -> None:
+    """Runs that cannot be put together: exit 2 and a line naming the file, table, row and
+    column; a file that is not a run's JSON is named too."""
+    a = _written(tmp_path, "a.json", [["stubbed", "35.24", "70.86", "1.35x"]])
+    b = _written(tmp_path, "b.json", [["sdk", "36.10", "70.86", "1.35x"]])
+    c = _written(tmp_path, "c.json", [["stubbed", "35.24"]], title="Loop")
+    d = _written(tmp_path, "d.json", [["stubbed", "35.24", "70.86 / 3", "1.35x"]])
+    broken = tmp_path / "e.json"
+    broken.write_text('{"machine": {}}')
+    for files, message in (
+        ([a, b], f"{b}: table 'Guard', row 1 is 'sdk', not 'stubbed' as in {a}"),
+        ([a, d], "table 'Guard', row 1 (stubbed), column 'p99 µs': other words around the"),
+        ([a, c], f"{c}: other tables than {a}: ['Loop']"),
+        ([a, broken], f"{broken}: not a run.py --json file with its tables"),
+    ):
+        done = subprocess.run(
+            [sys.executable, str(BENCHMARKS / "rounds.py"), "--from", *map(str, files)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+        assert "|---" not in done.stdout  # nothing half-combined printed
