@@ -46,11 +46,11 @@ class RoundsError(ValueError):
     """The runs cannot be put together: they hold different tables, rows or labels."""
 
 
-def load(path: Path) -> tuple[str, list[Table]]:
-    """The machine one run was made on and the tables it wrote (`run.py --json`)."""
+def load(path: Path) -> tuple[dict[str, Any], list[Table]]:
+    """What one run wrote with `run.py --json`, and its tables."""
     try:
         data = json.loads(path.read_text())
-        return json.dumps(data["machine"]), [Table(**table) for table in data["tables"]]
+        return data, [Table(**table) for table in data["tables"]]
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise RoundsError(f"{path}: not a run.py --json file with its tables ({error})") from error
 
@@ -152,14 +152,17 @@ def main(argv: list[str] | None = None) -> int:
             command += ["--quick"] * args.quick
             command += [f"--only={section}" for section in args.only or []]
             print(f"run {n + 1} of {len(files)}: {' '.join(command[1:])}", file=sys.stderr)
-            subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+            done = subprocess.run(command, stdout=subprocess.DEVNULL)  # (its stderr shows)
+            if done.returncode:
+                print(f"rounds.py: run {n + 1} failed (exit {done.returncode})", file=sys.stderr)
+                return 1
         try:
             loaded = {str(path): load(path) for path in files}
             combined = combine({name: tables for name, (_, tables) in loaded.items()})
         except RoundsError as error:
             print(f"rounds.py: {error}", file=sys.stderr)
             return 2
-    machines = {machine for machine, _ in loaded.values()}
+    machines = {json.dumps(data.get("machine")) for data, _ in loaded.values()}
     print(f"## policyhook benchmarks, the median of {len(files)} runs\n")
     if len(machines) > 1:
         print("The runs were made on different machines: their medians mean little.\n")
@@ -170,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Whole run: {elapsed:.0f} s.")
     if args.json:
         out: dict[str, Any] = {
-            "runs": [str(p) for p in files],
+            "runs": [data for data, _ in loaded.values()],  # each run's own figures
             "tables": [vars(t) | {"spread": s} for t, s in combined],
         }
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")

@@ -146,3 +146,18 @@ def test_rounds_names_what_does_not_match(tmp_path: Path) -> None:
         )
         assert done.returncode == 2 and message in done.stderr, done.stderr
         assert "|---" not in done.stdout  # nothing half-combined printed
+
+
+def test_rounds_stops_at_a_failed_run() -> None:
+    """A run that fails (here: a section run.py does not have) stops the rounds: its own error
+    shown, then which run failed, exit 1, no table."""
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "rounds.py"), "--rounds", "2", "--only", "nothing"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "invalid choice: 'nothing'" in done.stderr  # run.py's own message
+    assert "rounds.py: run 1 failed (exit 2)" in done.stderr
+    assert "run 2 of 2" not in done.stderr and "|---" not in done.stdout
