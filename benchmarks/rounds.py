@@ -162,10 +162,12 @@ def main(argv: list[str] | None = None) -> int:
         except RoundsError as error:
             print(f"rounds.py: {error}", file=sys.stderr)
             return 2
-    machines = {json.dumps(data.get("machine")) for data, _ in loaded.values()}
+    machines = [data.get("machine") for data, _ in loaded.values()]
     print(f"## policyhook benchmarks, the median of {len(files)} runs\n")
-    if len(machines) > 1:
+    if any(machine != machines[0] for machine in machines):
         print("The runs were made on different machines: their medians mean little.\n")
+    elif isinstance(machines[0], dict):
+        print(run.described(machines[0]) + "\n")
     for table, spread in combined:
         note = f"{table.note}\n\n{spread}" if table.note else spread
         print(run.render(table.title, table.header, table.rows, note), flush=True)

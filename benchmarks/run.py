@@ -257,6 +257,15 @@ def machine() -> dict[str, str]:
     }
 
 
+def described(info: Mapping[str, str]) -> str:
+    """The line that says what a run was made on (`machine()`)."""
+    return (
+        f"{info['cpus']} CPUs, {info['cpu']}; Python {info['python']}; cel-python "
+        f"{info['cel-python']}, cel-expr-python {info['cel-expr-python']}, ahocorasick-rs "
+        f"{info['ahocorasick-rs']}, opentelemetry-sdk {info['opentelemetry-sdk']}."
+    )
+
+
 # -- sections -----------------------------------------------------------------------------------
 
 
@@ -1882,13 +1891,7 @@ def main(argv: list[str] | None = None) -> int:
     report = Report(data={"machine": info, "quick": args.quick, "timer_ns": _TIMER_NS})
     print("## policyhook benchmarks" + (" (--quick)" if args.quick else ""))
     print()
-    print(
-        f"{info['cpus']} CPUs, {info['cpu']}; Python {info['python']}; cel-python "
-        f"{info['cel-python']}, cel-expr-python {info['cel-expr-python']}, ahocorasick-rs "
-        f"{info['ahocorasick-rs']}, opentelemetry-sdk {info['opentelemetry-sdk']}. "
-        f"Timer cost {_TIMER_NS:.0f} ns, subtracted.\n",
-        flush=True,
-    )
+    print(f"{described(info)} Timer cost {_TIMER_NS:.0f} ns, subtracted.\n", flush=True)
     repeat = 3_000 if args.quick else 20_000
     sections = set(
         args.only or ("engine", "guard", "loop", "memory", "provenance", "liveness", "replay")

@@ -95,12 +95,18 @@ def test_instructions_counts_the_guard_beside_the_engine() -> None:
     assert abs(fair_half[0] - fair[0]) < 0.01 * fair[0], (rows, half)
 
 
-def _written(tmp_path: Path, name: str, rows: list[list[str]], title: str = "Guard") -> Path:
-    """A run.py --json file holding one table with `rows`."""
+MACHINE = {"cpus": "2", "cpu": "AMD EPYC", "python": "3.11.7", "cel-python": "0.5.0"}
+MACHINE |= {"cel-expr-python": "0.1.3", "ahocorasick-rs": "1.0.3", "opentelemetry-sdk": "1.45.2"}
+
+
+def _written(
+    tmp_path: Path, name: str, rows: list[list[str]], title: str = "Guard", cpus: str = "2"
+) -> Path:
+    """A run.py --json file holding one table with `rows`, made on a machine of `cpus`."""
     header = ["what", "median µs", "p99 µs", "vs fair raw"]
     table = {"title": title, "header": header, "rows": rows, "note": "Input: 1 KB."}
     path = tmp_path / name
-    path.write_text(json.dumps({"machine": {"cpus": "2"}, "tables": [table]}))
+    path.write_text(json.dumps({"machine": MACHINE | {"cpus": cpus}, "tables": [table]}))
     return path
 
 
@@ -117,10 +123,20 @@ def test_rounds_takes_each_cell_from_the_median_run(tmp_path: Path) -> None:
     assert "| sdk | 281 | 434 | 10.77x |" in out, out
     assert "| loop | 1 | 3.54 / 4.00 / 9.00 | 2x |" in out, out  # each figure's own median
     assert "Input: 1 KB." in out
+    assert "2 CPUs, AMD EPYC; Python 3.11.7; cel-python 0.5.0" in out  # the runs' machine
     # sdk's median column: 174 to 1,249 over its median 281 = 383%, the widest of all.
     assert (
         "spread across the runs by up to 383% of their median (sdk, median µs: 174 to 1249)." in out
     )
+
+
+def test_rounds_says_when_the_runs_were_made_on_other_machines(tmp_path: Path) -> None:
+    """Runs from machines unlike each other are combined, under a warning, not a machine line."""
+    a = _written(tmp_path, "a.json", [["stubbed", "35.24", "70.86", "1.35x"]])
+    b = _written(tmp_path, "b.json", [["stubbed", "30.10", "60.00", "1.10x"]], cpus="64")
+    out = _run("rounds.py", "--from", str(a), str(b))
+    assert "made on different machines" in out and "AMD EPYC" not in out
+    assert "| stubbed | 30.10 | 60.00 | 1.10x |" in out  # the lower median of two
 
 
 def test_rounds_names_what_does_not_match(tmp_path: Path) -> None:
