@@ -37,7 +37,6 @@ from functools import partial
 from importlib.metadata import version
 from pathlib import Path
 
-import grounding
 import run
 from run import render
 
@@ -72,7 +71,7 @@ def shape(name: str, calls: int) -> Step:
     if name.startswith("guard"):
         outputs = None
         if name == "guard-new-real":
-            outputs = real_outputs(run.GUARDED_SUMMARY_CHARS)
+            outputs = run.real_outputs(run.GUARDED_SUMMARY_CHARS)
             if len(outputs) < calls:
                 raise ValueError(f"{name}: only {len(outputs):,} new outputs, for {calls:,} calls")
         call, _, _ = run._guarded_setup(
@@ -94,20 +93,6 @@ def shape(name: str, calls: int) -> Step:
         guard = run._loop_guard(MemoryStore(), backend)
         return run._rolling_steps(guard, random.Random(13), calls)
     raise ValueError(f"unknown shape {name!r}: one of {', '.join(SHAPES)}")
-
-
-def real_outputs(size: int) -> list[str]:
-    """Texts of `size` characters, each new: the pieces, cut end to end, of what the real Claude
-    Code sessions of tests/fixtures/grounding showed their summarizers (as benchmarks/grounding.py
-    reads them). Against the benchmark's outputs (64 bodies of a 17-word vocabulary after a
-    unique number), whether those make a new output's record cost more than a real one's."""
-    pieces: dict[str, None] = {}
-    for name in grounding.SESSIONS:
-        history, _ = grounding.session(name)
-        for _, text in history:
-            for at in range(0, len(text) - size + 1, size):
-                pieces[text[at : at + size]] = None
-    return list(pieces)
 
 
 def _child(name: str, calls: int, warmup: int) -> None:

@@ -42,6 +42,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import grounding
 from opentelemetry.trace import INVALID_SPAN
 
 from policyhook import _activation as schema
@@ -534,6 +535,20 @@ def _fresh_outputs(summary: str) -> Iterator[str]:
 GUARDED_SUMMARY_CHARS = 400
 
 
+def real_outputs(size: int) -> list[str]:
+    """Texts of `size` characters, each new: the pieces, cut end to end, of what the real Claude
+    Code sessions of tests/fixtures/grounding showed their summarizers (as benchmarks/grounding.py
+    reads them). Against the benchmark's outputs (64 bodies of a 17-word vocabulary after a
+    unique number), whether those make a new output's record cost more than a real one's."""
+    pieces: dict[str, None] = {}
+    for name in grounding.SESSIONS:
+        history, _ = grounding.session(name)
+        for _, text in history:
+            for at in range(0, len(text) - size + 1, size):
+                pieces[text[at : at + size]] = None
+    return list(pieces)
+
+
 def _guarded_call(
     guard: Guard, new_outputs: bool = False, outputs: Iterator[str] | None = None
 ) -> tuple[Callable[[], object], str, str]:
@@ -575,17 +590,23 @@ def bench_guard(
     for backend in backends:
         n = repeat if backend.name != CEL_PYTHON else max(200, repeat // 10)
         fair = engine[f"{backend.name}/fair"]
-        variants = [("none", False, True), ("api", False, True), ("sdk", False, True)]
-        if backend.name == default_backend().name:  # the target's row with real outputs, and
-            variants[1:1] = [("none", True, True), ("none", False, False)]  # evaluating each
+        # (telemetry, a new output every call: no / the benchmark's / real text, keep allows)
+        variants = [("none", "", True), ("api", "", True), ("sdk", "", True)]
+        if backend.name == default_backend().name:  # the target's row with new outputs (the
+            variants[1:1] = [("none", "made", True), ("none", "real", True)]  # benchmark's and
+            variants[3:3] = [("none", "", False)]  # real text), and evaluating each call
         for telemetry, new_outputs, keep in variants:
-            call, bare, clear = _guarded_setup(backend, telemetry, new_outputs, keep)
+            outputs, calls = None, n
+            if new_outputs == "real":  # as many calls as there are pieces, warm-ups included
+                pieces = real_outputs(GUARDED_SUMMARY_CHARS)
+                outputs, calls = iter(pieces), min(n, (len(pieces) - 10 * 20 - 1) // 10 * 10)
+            call, bare, clear = _guarded_setup(backend, telemetry, bool(new_outputs), keep, outputs)
             with quiet_logs():
                 samples: list[float] = []
                 bare_samples: list[float] = []
                 for _ in range(10):  # in slices, so exported spans never pile up
-                    bare_samples += measure(bare, n // 10, warmup=20).samples
-                    samples += measure(call, n // 10, warmup=20).samples
+                    bare_samples += measure(bare, calls // 10, warmup=20).samples
+                    samples += measure(call, calls // 10, warmup=20).samples
                     clear()
             bare_median = Stats(bare_samples).median
             stats = Stats([s - bare_median for s in samples])
@@ -597,6 +618,8 @@ def bench_guard(
             key = f"{backend.name}/{telemetry}"
             if new_outputs:
                 label, key = f"{label}, a new output every call", f"{key}/new_outputs"
+            if new_outputs == "real":
+                label, key = f"{label}, real text ({calls:,} calls)", f"{key}/real"
             if not keep:
                 label, key = f"{label}, evaluated every call (no allow kept)", f"{key}/evaluated"
             data[key] = {
@@ -619,7 +642,12 @@ def bench_guard(
         "metric points, recording the output as a summary. The summarizer returns the input's "
         "own summary, so each record merges into a known entry; the \"new output every call\" "
         "row returns a text never seen before (as a real summarizer does): each record is a new "
-        "summary and the next input is searched again; the \"evaluated\" row makes the policy "
+        "summary and the next input is searched again. Its outputs are a unique number and one "
+        "of 64 bodies of a 17-word vocabulary, which leave most of a new output's content keys "
+        "taken (`Index._key_of` tries 16); the \"real text\" row returns instead each call a new "
+        "400-character piece of what the Claude Code sessions of tests/fixtures/grounding "
+        "showed their summarizers (as many calls as there are pieces). The \"evaluated\" row "
+        "makes the policy "
         "set forget the allow it keeps for the values its rules read (one per call here), so it "
         "evaluates every call. Overhead = guarded call - bare call "
         "(median of the bare call subtracted from every sample). Baselines from the engine "
