@@ -1280,6 +1280,12 @@ def _spec(
     argument = params[position].name if len(params) > position else None
     if argument is None and extractor is None:
         raise TypeError(f"cannot guard {label}: it takes no input argument; pass extractor=")
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        # (its first call would be granted, then fail: a generator is no summary to record)
+        raise TypeError(
+            f"cannot guard {label}: it is a generator function, and the guard records the "
+            "summary a summarizer returns; join its stream inside it and return the text"
+        )
     return Summarizer(
         name=name or label,
         lossless=lossless,

@@ -6,7 +6,8 @@ import asyncio
 import io
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -266,6 +267,24 @@ class TestWrapping:
         """Guarding a function that takes no argument explains that extractor= is needed."""
         with pytest.raises(TypeError, match="extractor="):
             Guard()(lambda: "x")
+
+    def test_a_streaming_summarizer_is_refused_when_decorated(self) -> None:
+        """A generator function (sync or async, or a partial of one) returns no summary to
+        record: refused when it is decorated, naming it, not granted on its first call and then
+        failing; nothing is decided or recorded."""
+
+        def stream(text: str) -> Iterator[str]:
+            yield text[:10]
+
+        async def astream(text: str) -> AsyncIterator[str]:
+            yield text[:10]
+
+        store = MemoryStore()
+        guard = Guard(store=store)
+        for fn, name in ((stream, "stream"), (astream, "astream"), (partial(stream), "partial")):
+            with pytest.raises(TypeError, match=f"cannot guard .*{name}.*generator function"):
+                guard(fn)
+        assert store.since(0, 10) == (0, [])
 
 
 class TestModesAndFailClosed:
