@@ -7,9 +7,10 @@ the median of the runs' figures.
 
 On a shared machine a single row of one run can move by up to 2x against the next run of the
 same code; the median of several runs, each a fresh interpreter (its own hash seed, memory
-layout and neighbours), moves far less. Each cell is the median run's own figure (the lower
-median for an even count), not a number re-computed, so it reads exactly as run.py prints it.
-Under each table: how far its cells spread across the runs, the widest named.
+layout and neighbours), moves far less. Each figure in a cell is the median run's own (the
+lower median for an even count; a cell of several figures, "median / mean / p99", takes each
+from its own median run), not a number re-computed, so it reads as run.py prints it. Under
+each table: how far its figures spread across the runs, the widest named.
 """
 
 from __future__ import annotations
