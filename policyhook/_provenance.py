@@ -1794,7 +1794,11 @@ class Ledger:
             known = self._reader.rests_on([entry.id])[entry.id]
             self._closures.put(entry.id, known)
             return known
-        self._closures.put(entry.id, walked, anchored=True)
+        # Anchored only while the summary itself is cached: one fetched for this input may be
+        # evicted by another found in it (`_fetch`), and its growth elsewhere, learnt back as
+        # new, would then leave the closure standing (a source it gained unseen).
+        cached = self._summaries.get(entry.id) is entry
+        self._closures.put(entry.id, walked, anchored=cached)
         return walked
 
     def _walk(self, entry: Entry) -> frozenset[str] | None:

@@ -244,3 +244,28 @@ def test_a_text_learnt_from_the_store_mid_pass_splits_the_messages_before_it_aga
         machine.resolve([0, 3, 0], large=False)
     finally:
         machine.teardown()
+
+
+def test_a_summary_evicted_in_the_pass_that_walked_it_learns_its_growth_elsewhere() -> None:
+    """Found by `ScanWindows` at 20x (seed 4848): with a cache of three texts, a window holding
+    a summary and three sources fetched the summary, walked its closure, and evicted it in the
+    same pass; the closure stayed as if anchored. Another ledger then recorded the same text
+    from other sources (merged in the store), and this ledger learnt the grown entry back as
+    new without dropping the closure: the summary went on without the source it gained."""
+    machine = ScanWindows()
+    try:
+        machine.setup(max_texts=3)
+        machine.compose([0])
+        machine.compose([0])
+        machine.summarize(here=False, message=0, text=0)
+        machine.record_source(here=False, text=11)
+        machine.record_source(here=False, text=3)
+        machine.compose([11, 6, 8])
+        machine.record_source(here=False, text=10)
+        machine.record_summary(base=2, here=True, text=8)
+        machine.window([TEXTS[10], " ", 0, 3])
+        machine.record_summary(base=3, here=False, text=8)
+        machine.resolve([6, 3], large=False)
+        machine.resolve([6, 3], large=True)
+    finally:
+        machine.teardown()

@@ -480,3 +480,41 @@ class TestAStoreDownWithADeadSourceCached:
             with one_fault([store], at) as made:
                 decision = guard.check(value, summarizer="p")
             assert decision.effect == "deny", (at, made)
+
+
+class TestAClosureWalkedAfterItsSummaryLeftTheCache:
+    """Found by `tests/test_property_scan.py::ScanWindows` at 20x (seed 4848). A guard with a
+    small cache read a window holding one of its summaries and three sources another process
+    had registered: learning those evicted the summary, found and walked in the same pass, and
+    its closure was kept as if the summary were cached. The other process then recorded the same
+    text from another source (merged in the store), which died; the guard learnt the grown entry
+    back as new, kept the closure, and allowed the summary on the sources it had before."""
+
+    HEADER = "tool output header shared by the nightly jobs: "
+    QUOTED = HEADER + "retry ceiling is seven"  # a summary inside the next one
+    SUMMARY = QUOTED + " and the rest of that report"
+    TURN = "a twelfth text, plain, about the backoff of the retry loop"
+    JITTER = "jitter settings were tuned again; the deploy window is closed now"
+
+    def test_a_source_the_summary_gained_elsewhere_is_read_and_refused_dead(
+        self, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "store.sqlite"
+        guard, other = Guard(store=SQLiteStore(path), max_texts=3), Guard(store=SQLiteStore(path))
+        other.record_source("base two: what the summary was first made from", "config_read", "b2")
+        other.record_source("base three: what it was made from again, later", "config_read", "b3")
+        report = "summary of the deploy window and its backoff jitter settings then " + self.QUOTED
+        other.ledger.record_summary(self.QUOTED, other.ledger.resolve(report, "w").region, "w")
+        other.record_source(self.TURN, "tool_output", "turn")
+        other.record_source(self.JITTER, "tool_output", "jitter")
+        other.record_source(self.JITTER + "ok fine", "tool_output", "jitter-ok")
+        guard.ledger.record_summary(self.SUMMARY, Region("r2", sources=frozenset({"b2"})), "w")
+        window = self.JITTER + "ok fine " + report + self.TURN + self.SUMMARY
+        guard.ledger.resolve(window, "w")  # (the summary found, walked and evicted in one pass)
+        other.ledger.record_summary(self.SUMMARY, Region("r3", sources=frozenset({"b3"})), "w")
+        other.store.evict("b3")
+
+        value = self.TURN + "\n" + self.SUMMARY
+        assert guard.provenance(value, "w").sources == {"turn", "b2", "b3"}
+        decision = guard.check(value, summarizer="s")
+        assert decision.effect.value == "deny" and decision.dead_sources == ("b3",)
