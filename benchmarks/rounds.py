@@ -109,11 +109,12 @@ def _median_cell(
     cell = between[0]
     for printed, text, name in zip(figures, between[1:], named, strict=True):
         values = [float(figure.replace(",", "")) for figure in printed]
-        middle = printed[values.index(statistics.median_low(values))]
+        median = statistics.median_low(values)
+        middle = printed[values.index(median)]
         cell += middle + text
         if len(middle.strip("-").replace(",", "").replace(".", "").lstrip("0")) > 1:
             # (a figure printed with one digit, 0.01 or 2x, moves by its rounding alone)
-            spread = (max(values) - min(values)) / abs(float(middle.replace(",", "")))
+            spread = (max(values) - min(values)) / abs(median)
             spreads.append((spread, name, f"{short}: {min(values):g} to {max(values):g}"))
     return cell
 
