@@ -8,22 +8,23 @@ from typing import Any
 import pytest
 
 from policyhook._activation import INT64_MAX, INT64_MIN, Activation
-from policyhook._provenance import _CLOSURE_IDS, Ledger, Region, _Closures, digest, encode
+from policyhook._closures import CLOSURE_IDS, Closures
+from policyhook._provenance import Ledger, Region, digest, encode
 from policyhook.stores import MemoryStore
 
 
-def _held(closures: _Closures) -> int:
+def _held(closures: Closures) -> int:
     return sum(len(ids) for ids in closures._older.values())
 
 
 class TestClosuresCounted:
-    """`_Closures.put` drops older closures inline (no `_drop_older` call per record): the ids
+    """`Closures.put` drops older closures inline (no `_drop_older` call per record): the ids
     they hold are still counted exactly."""
 
     def test_records_made_from_older_closures_keep_the_count(self) -> None:
         """Records whose parents are older closures (moved out), the newest displaced into the
         older ones, a summary put again that is an older one: `_ids` is what they hold."""
-        closures = _Closures()
+        closures = Closures()
         for i in range(40):
             closures.put(f"s{i}", frozenset(f"{i}:{j}" for j in range(5 + i % 3)))
         assert closures._ids == _held(closures)
@@ -37,13 +38,13 @@ class TestClosuresCounted:
         assert closures.get("s5") == frozenset({"again"})
 
     def test_the_bound_holds_with_parents(self) -> None:
-        """Many large closures, each recorded from the one before: within `_CLOSURE_IDS`."""
-        closures = _Closures()
+        """Many large closures, each recorded from the one before: within `CLOSURE_IDS`."""
+        closures = Closures()
         big = 1000
-        for i in range(3 * _CLOSURE_IDS // big):
+        for i in range(3 * CLOSURE_IDS // big):
             parents = (f"s{i - 2}",) if i >= 2 else ()
             closures.put(f"s{i}", frozenset(f"{i}:{j}" for j in range(big)), parents)
-            assert closures._ids == _held(closures) <= _CLOSURE_IDS
+            assert closures._ids == _held(closures) <= CLOSURE_IDS
 
 
 class TestAllHeldOnlyForLargeRegions:

@@ -1,6 +1,6 @@
 """What the ledger remembers for the next input stays bounded however large inputs are: the
 splits of messages (`_SPLIT_PLACES` known texts found in them in all) and the source sets of
-summaries (`_CLOSURE_IDS` ids in all), and what is remembered within the bounds still gives
+summaries (`CLOSURE_IDS` ids in all), and what is remembered within the bounds still gives
 what a ledger remembering nothing gives."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from __future__ import annotations
 from unittest import mock
 
 from policyhook import _provenance
-from policyhook._provenance import _CLOSURE_IDS, _SPLIT_PLACES, Ledger, Region, _Closures
+from policyhook._closures import CLOSURE_IDS, Closures
+from policyhook._provenance import _SPLIT_PLACES, Ledger, Region
 from policyhook.stores import MemoryStore
 
 
@@ -57,17 +58,17 @@ class TestSplitsRemembered:
 
 class TestClosuresKept:
     def test_the_ids_held_stay_within_the_bound(self) -> None:
-        """Closures of many ids each: the older ones hold at most `_CLOSURE_IDS` ids, counted
+        """Closures of many ids each: the older ones hold at most `CLOSURE_IDS` ids, counted
         exactly through puts, pops and drops; the newest is still given back."""
-        closures = _Closures()
+        closures = Closures()
         big = 1000
-        for i in range(3 * _CLOSURE_IDS // big):
+        for i in range(3 * CLOSURE_IDS // big):
             closures.put(f"s{i}", frozenset(f"{i}:{j}" for j in range(big)))
             if i % 7 == 0:
                 closures.pop(f"s{i - 3}")
             held = sum(len(ids) for ids in closures._older.values())
-            assert closures._ids == held <= _CLOSURE_IDS
-        last = 3 * _CLOSURE_IDS // big - 1
+            assert closures._ids == held <= CLOSURE_IDS
+        last = 3 * CLOSURE_IDS // big - 1
         assert closures.get(f"s{last}") == frozenset(f"{last}:{j}" for j in range(big))
         closures.drop_unanchored()
         closures.clear()

@@ -24,9 +24,10 @@ from hypothesis import strategies as st
 
 from policyhook import Guard, MemoryStore, SQLiteStore
 from policyhook._backends import default_backend
+from policyhook._closures import CLOSURES, Closures
 from policyhook._loader import compile_sources
 from policyhook._policy import PolicySet
-from policyhook._provenance import _CLOSURES, Source, _Closures
+from policyhook._provenance import Source
 from policyhook.testing import capture_decisions
 
 #: The default policy's input rule in audit mode: a chain with a dead source goes on (the
@@ -96,7 +97,7 @@ class TestClosuresOutOfTheGCsSight:
 
     def test_interleaved_chains_keep_older_closures_untracked_and_bounded(self) -> None:
         """Three chains in turn: the closures of the other chains' heads are kept (not walked
-        again) as dicts the GC does not track; the cache holds at most `_CLOSURES`."""
+        again) as dicts the GC does not track; the cache holds at most `CLOSURES`."""
         guard = Guard(audit_policies(), store=MemoryStore())
         lasts: dict[str, list[str]] = {w: [] for w in "abc"}
         for i in range(120):
@@ -107,7 +108,7 @@ class TestClosuresOutOfTheGCsSight:
                     out = f"summary {w}{i}: the chain of window {w} so far"
                     last[:] = [guard(lambda m, out=out: out, summarizer="s")([*last, turn])]
         closures = guard.ledger._closures
-        assert 1 <= len(closures) <= _CLOSURES
+        assert 1 <= len(closures) <= CLOSURES
         assert all(not gc.is_tracked(d) for d in closures._older.values())
         assert big_tracked_frozensets(100) <= 2
         for last in lasts.values():
@@ -116,7 +117,7 @@ class TestClosuresOutOfTheGCsSight:
             assert all(s.startswith("user_turn:") for s in region.sources)
 
     def test_the_cache_keeps_the_newest_as_given_and_older_ones_equal(self) -> None:
-        closures = _Closures()
+        closures = Closures()
         first, second = frozenset({"a", "b"}), frozenset({"a", "b", "c"})
         closures.put("s1", first)
         closures.put("s2", second)  # s1 is not a parent of s2: kept, out of the GC's sight
@@ -129,11 +130,11 @@ class TestClosuresOutOfTheGCsSight:
         closures.pop("s3")
         closures.pop("s4")
         assert closures.get("s3") is None and len(closures) == 1
-        for i in range(2 * _CLOSURES):
+        for i in range(2 * CLOSURES):
             closures.put(f"x{i}", frozenset({str(i)}))
-        assert len(closures) == _CLOSURES and closures.get("s1") is None
+        assert len(closures) == CLOSURES and closures.get("s1") is None
         closures.clear()
-        assert len(closures) == 0 and closures.get(f"x{2 * _CLOSURES - 1}") is None
+        assert len(closures) == 0 and closures.get(f"x{2 * CLOSURES - 1}") is None
 
 
 class TestAClosureTheStoreGaveOutgrown:
