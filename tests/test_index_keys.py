@@ -116,6 +116,28 @@ class TestKeyedHits:
         index.add(TEXTS[0], "d0")
         assert (7, 7 + len(TEXTS[0]), "d0") in index.find(value)
 
+    def test_a_long_text_of_short_lines_is_anchored_after_a_bounded_look(self) -> None:
+        """A log of short lines (a cut every few bytes, none next to a key) whose only key lies
+        far in is anchored, not keyed there: a key is looked for in its first `_KEY_SPAN` bytes
+        only (each of 300,000 lines was a Python step, 0.4 s for 4 MB), and it is still found."""
+        log = b"".join(b"row %06d ok\n" % i for i in range(20_000))
+        text = log + _RUN + b"\n"  # a tail key, far past `_KEY_SPAN`
+        index = Index()
+        index.add(text, "d0")
+        assert "d0" not in index._keyed
+        value = b"before " + text + b" after"
+        assert (7, 7 + len(text), "d0") in index.find(value)
+
+    def test_a_box_drawing_keeps_the_key_of_the_line_after_it(self) -> None:
+        """A table's border drawn with box characters cuts every 3 bytes (the 0x80 of "─"): the
+        key of the prose line after 100 of them (300 bytes) is still in the span looked at."""
+        text = ("─" * 100 + "\n| the deploy window closed at noon |\n").encode()
+        index = Index()
+        index.add(text, "d0")
+        assert "d0" in index._keyed
+        value = b"before " + text + b" after"
+        assert (7, 7 + len(text), "d0") in index.find(value)
+
     def test_cut_bytes_are_one_byte_each_and_cut_to_the_newline(self) -> None:
         """The table maps every cut byte, and only those, to the one the input is split at."""
         cut = bytes(range(256)).translate(_index._CUTS)
