@@ -1305,11 +1305,18 @@ class Ledger:
         recorded as a source (`Ledger._carried`), which holds verbatim whatever source it
         quotes: only the summaries in it are found, the rest is its own (gaps), so what it
         rests on never depends on whether a quoted source is cached, live or dead."""
-        if catch_up:
+        # A store that did not answer this call (`_Failing`), or could not bring the cache up
+        # to date: what the cache holds may be out of date, so nothing is verified from it.
+        failure: Exception | None = None
+        if type(self._reader) is _Failing:
+            failure = self._reader.error
+        elif catch_up:
             try:
                 self._catch_up()
-            except Exception:  # a miss below still asks the store, and fails closed if it cannot
+            except Exception as exc:  # recording: a miss below still asks the store
                 _logger.debug("policyhook: store catch-up failed", exc_info=True)
+                if not recording:
+                    failure = exc
         secret = self._key
         # A Region's own text is recognised too: what a store knows of it only adds to what the
         # caller declared (a known summary handed over as `Region.original` is still one).
@@ -1342,7 +1349,6 @@ class Ledger:
         parts: list[_Part] = []
         unregistered: list[tuple[str, str]] = []
         closures: dict[str, AbstractSet[str]] = {}
-        failure: Exception | None = None
         known: dict[str, Entry] = {}
         try:
             known = self._fetch(messages + list(bare.values()))
@@ -1363,6 +1369,12 @@ class Ledger:
                 if entry is None and around is not None:
                     entry, key = around, bare[at]
             whole = None  # a dead source given whole: split, as where it is not found
+            if entry is not None and entry.depth == 0 and failure is not None and not recording:
+                # A text cached as a source may be a summary's since the cache was last brought
+                # up to date (another process recorded it as one): unverifiable, as a text not
+                # cached is, so what the cache held does not decide (fail closed)
+                parts.append(_unverifiable(key, len(item)))
+                continue
             if entry is not None and entry.depth == 0:
                 if recording:  # (its stripped form a known source's text: its own, too)
                     entry, key = None, digests[at]
@@ -2003,10 +2015,10 @@ class _Failing:
     so recognition fails closed from what is cached without waiting out a timeout per read."""
 
     def __init__(self, error: Exception) -> None:
-        self._error = error
+        self.error = error
 
     def __getattr__(self, name: str) -> Any:
         def fail(*args: Any, **kwargs: Any) -> Any:
-            raise self._error
+            raise self.error
 
         return fail

@@ -328,18 +328,30 @@ spec:
         assert "divide by zero" in refused.value.message.lower()
 
     def test_store_unreachable_fails_closed(self) -> None:
-        """A store that raises makes every source dead: summaries are refused, originals allowed."""
+        """A store that raises makes every source dead and leaves nothing cached verified:
+        summaries are refused, and so is a text cached as a source (another process may have
+        recorded it as a summary since), each refusal saying the store failed."""
 
         class Down(MemoryStore):
-            def live(self, source_ids: Any) -> frozenset[str]:
-                raise ConnectionError("store down")
+            down = False
 
-        guard = Guard(store=Down())
+            def live(self, source_ids: Any) -> frozenset[str]:
+                if self.down:
+                    raise ConnectionError("store down")
+                return super().live(source_ids)
+
+        store = Down()
+        guard = Guard(store=store)
         guard.record_source(CONFIG, "config_read")
         summarize = guard(lambda t: "summary resting on the config", summarizer="s")
-        out = summarize(CONFIG)  # depth 0: allowed even with the store down
-        with pytest.raises(UnsafeRecompactionError, match="live-sources"):
-            summarize(out)
+        out = summarize(CONFIG)
+        store.down = True
+        for value in (out, CONFIG):
+            with pytest.raises(UnsafeRecompactionError, match="live-sources") as refused:
+                summarize(value)
+            assert refused.value.store_failed
+        store.down = False
+        assert summarize(CONFIG) == "summary resting on the config"
 
     def test_try_record_source_goes_on_when_the_store_cannot_take_the_text(
         self, telemetry: Otel, caplog: pytest.LogCaptureFixture

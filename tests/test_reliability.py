@@ -309,7 +309,7 @@ class TestStoreFaults:
 class TestDeletedSQLiteFile:
     def test_a_store_file_deleted_while_open_fails_closed(self, tmp_path: Path) -> None:
         """Deleting the database under an open store: the next decision counts its sources dead,
-        and a granted call still gets its output though it cannot be recorded."""
+        and content the guard caches as a source is refused too (`store_failed`)."""
         path = tmp_path / "store.db"
         seen = Observed(tmp_path, store=SQLiteStore(path))
         summarize = seen.guard(summary_of, summarizer="s")
@@ -320,10 +320,11 @@ class TestDeletedSQLiteFile:
             leftover.unlink()
         refused = seen.guard.check(first, summarizer="s")
         assert refused.effect == "deny" and refused.dead_sources == ("cfg-7",)
-        # content this process knows is still told apart (new content could be anything: it
-        # counts as an unverifiable summary), and its granted output is returned unrecorded
-        assert summarize(CONFIG) == first
-        assert seen.outcomes()[-1] == "store_error"
+        # a text cached as a source is unverifiable, as new content is: another process may
+        # have recorded it as a summary since the store was last read (fail closed)
+        with pytest.raises(policyhook.UnsafeRecompactionError) as again:
+            summarize(CONFIG)
+        assert again.value.store_failed and seen.outcomes()[-1] == "refused"
         with pytest.raises(policyhook.StoreUnavailableError, match="deleted or replaced"):
             seen.guard.record_source("more evidence", "tool_output")
 

@@ -518,3 +518,30 @@ class TestAClosureWalkedAfterItsSummaryLeftTheCache:
         assert guard.provenance(value, "w").sources == {"turn", "b2", "b3"}
         decision = guard.check(value, summarizer="s")
         assert decision.effect.value == "deny" and decision.dead_sources == ("b3",)
+
+
+class TestASourceSummarizedElsewhereWhileTheStoreIsDown:
+    """A guard caches a text as a source; another process is granted a summary whose output is
+    that very text (a summarizer handing a turn back verbatim), resting on content no store
+    holds. With the store down the first guard cannot learn that: its cache still says source.
+    It allowed the text as original content; a text it does not cache it refuses as
+    unverifiable, so what the cache held decided. Found by the `Provenance` property at 20x
+    (seed 5050: a one-text cache, a second guard on one MemoryStore, every store call failing)."""
+
+    TEXT = "the retry ceiling applies to the billing ops team only"
+
+    @pytest.mark.parametrize("kind", ["memory", "sqlite"])
+    def test_it_is_refused_while_the_store_is_down(self, tmp_path: Path, kind: str) -> None:
+        store, reopen = store_of(kind, tmp_path / "s.db")
+        cached, other = Guard(store=store), Guard(store=reopen())
+        cached.record_source(self.TEXT, "config_read", "cfg")
+        handed_back = other(lambda text: self.TEXT, summarizer="s")("a turn no store holds")
+        assert handed_back == self.TEXT and other.provenance(self.TEXT).depth == 1
+        summarize = cached(lambda text: "never", summarizer="s")
+        with store_down(store), pytest.raises(UnsafeRecompactionError) as refused:
+            summarize(self.TEXT)
+        assert refused.value.store_failed
+        # the store up, the guard learns the summary and refuses it on its own terms
+        with pytest.raises(UnsafeRecompactionError) as refused:
+            summarize(self.TEXT)
+        assert not refused.value.store_failed and refused.value.decision.rule == "live-sources"
