@@ -1000,10 +1000,21 @@ def bench_new_turn(report: Report, quick: bool) -> None:
     counts = (100, 1000) if quick else (100, 1000, 10_000)
     rows: list[list[str]] = []
     data: dict[str, Any] = {}
-    for size in (1024, 16 * 1024):
+
+    def log(size: int, tag: str, first: int) -> str:  # a tool's log: 14-byte lines
+        rows = range(first, first + size // 14)
+        return (f"{tag}\n" + "".join(f"row {n % 10**6:06d} ok\n" for n in rows))[:size]
+
+    for size, shape in ((1024, "words"), (16 * 1024, "words"), (64 * 1024, "log")):
         for count in counts:
             ledger = _session(count, rng)
-            turns = iter([words(rng, size) + f" new {i}" for i in range(calls + 20)])
+
+            def turn(tag: str, i: int, size: int = size, shape: str = shape) -> str:
+                if shape == "log":
+                    return log(size, tag, i * (size // 14))
+                return words(rng, size) + f" {tag}"
+
+            turns = iter([turn(f"new {i}", i) for i in range(calls + 20)])
             for _ in range(20):  # the first records of a new size (memos, levels searched)
                 ledger.record_source(next(turns), kind="user_turn")
 
@@ -1012,7 +1023,7 @@ def bench_new_turn(report: Report, quick: bool) -> None:
 
             stats = _timed(calls, step).on_cpu
             known: dict[str, str] = {}
-            plain = iter([words(rng, size) + f" hand {i}" for i in range(calls)])
+            plain = iter([turn(f"hand {i}", i) for i in range(calls)])
 
             def hand(text: str, known: dict[str, str] = known) -> None:
                 digest = hashlib.blake2b(text.encode(), key=b"k" * 32, digest_size=16)
@@ -1022,11 +1033,12 @@ def bench_new_turn(report: Report, quick: bool) -> None:
                 return partial(hand, next(it))
 
             base = _timed(calls, hand_step).on_cpu
-            data[f"{size}/{count}"] = {
+            data[f"{size}/{count}" if shape == "words" else f"{size}/{count}/log"] = {
                 "cpu_median_ns": stats.median, "cpu_mean_ns": stats.mean,
                 "cpu_p99_ns": stats.p99, "baseline_cpu_median_ns": base.median,
             }  # fmt: skip
-            rows.append([f"{size // 1024:,} KB", f"{count:,}", us(stats.median), us(stats.mean),
+            label = f"{size // 1024:,} KB" + (" log, 14-byte lines" if shape == "log" else "")
+            rows.append([label, f"{count:,}", us(stats.median), us(stats.mean),
                          us(stats.p99), us(base.median),
                          f"{stats.median / base.median:.1f}x"])  # fmt: skip
     report.table(
@@ -1039,6 +1051,8 @@ def bench_new_turn(report: Report, quick: bool) -> None:
         "tool outputs (a quarter of them 40-120 characters, the rest 300-2,000) to one summary "
         "of 300-1,000 characters resting on the three turns before it, all on MemoryStore. "
         "Each record searches the new turn for known summaries it quotes (docs/inputs.md). "
+        "The log rows: a tool's log of 14-byte lines (a newline every line, no piece long "
+        "enough for a key: `Index._key_of` looks at its first 1,024 bytes only). "
         "The hand-written baseline, same run, same turn sizes: the least an exact recorder "
         "does (encode, keyed BLAKE2b, a dict put). Target: flat in the texts indexed.",
     )  # fmt: skip
