@@ -1305,12 +1305,12 @@ class Ledger:
         recorded as a source (`Ledger._carried`), which holds verbatim whatever source it
         quotes: only the summaries in it are found, the rest is its own (gaps), so what it
         rests on never depends on whether a quoted source is cached, live or dead."""
-        # A store that did not answer this call (`_Failing`), or could not bring the cache up
-        # to date: what the cache holds may be out of date, so nothing is verified from it.
+        # What the cache holds may be out of date when the store did not answer this call
+        # (`unread`: a text cached as a source is then not verified, below) or could not bring
+        # the cache up to date (nothing read from it is verified, as if a lookup had failed).
         failure: Exception | None = None
-        if type(self._reader) is _Failing:
-            failure = self._reader.error
-        elif catch_up:
+        unread = self._reader.error if type(self._reader) is _Failing else None
+        if catch_up and unread is None:
             try:
                 self._catch_up()
             except Exception as exc:  # recording: a miss below still asks the store
@@ -1369,12 +1369,15 @@ class Ledger:
                 if entry is None and around is not None:
                     entry, key = around, bare[at]
             whole = None  # a dead source given whole: split, as where it is not found
-            if entry is not None and entry.depth == 0 and failure is not None and not recording:
-                # A text cached as a source may be a summary's since the cache was last brought
-                # up to date (another process recorded it as one): unverifiable, as a text not
-                # cached is, so what the cache held does not decide (fail closed)
-                parts.append(_unverifiable(key, len(item)))
-                continue
+            if entry is not None and entry.depth == 0 and not recording:
+                if failure is None and unread is not None:
+                    failure = unread
+                if failure is not None:
+                    # A text cached as a source may be a summary's since the cache was last
+                    # brought up to date (another process recorded it as one): unverifiable,
+                    # as a text not cached is, so what the cache held does not decide
+                    parts.append(_unverifiable(key, len(item)))
+                    continue
             if entry is not None and entry.depth == 0:
                 if recording:  # (its stripped form a known source's text: its own, too)
                     entry, key = None, digests[at]
