@@ -25,6 +25,7 @@ LAYERS: dict[str, int] = {
     "policyhook._hints": 0,
     "policyhook._fork": 0,
     "policyhook._index": 0,
+    "policyhook._closures": 0,
     "policyhook._shapes": 0,
     "policyhook.grounding": 0,
     "policyhook._cel": 0,
